@@ -1,0 +1,1 @@
+"""SavedModel export of a model plus its index (static_keras.export)."""

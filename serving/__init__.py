@@ -1,0 +1,1 @@
+"""TensorFlow Serving client, configs and development server (static_keras.serving)."""

@@ -1,0 +1,167 @@
+"""Constrained beam search over a fixed number of steps, in `keras.ops`."""
+
+from __future__ import annotations
+
+from typing import Any
+from typing import Callable
+
+import keras
+import numpy as np
+from keras import ops
+
+from static_keras.index.static_index import StaticIndex
+from static_keras.layers.constrained_decoding import INVALID_STATE
+from static_keras.layers.constrained_decoding import PAD_TOKEN
+from static_keras.layers.constrained_decoding import ConstrainedDecoding
+
+StepFn = Callable[[Any, Any], tuple[Any, Any]]
+
+
+def beam_search(
+    index: StaticIndex | ConstrainedDecoding | None,
+    step_fn: StepFn,
+    batch_size,
+    beam_size: int,
+    *,
+    initial_state=None,
+    num_results: int | None = None,
+    dense_top_k: int | None = None,
+    length: int | None = None,
+) -> dict:
+    """Beam search that only returns sequences of the valid set.
+
+    Runs `L = index.length` unrolled steps with static shapes (XLA compiles
+    it; the same graph runs without XLA). At step t, for `R = batch_size *
+    beam_size` rows: `step_fn` scores the next token, log-softmax in
+    float32, the index gives each beam its `K_t` valid candidates, and the
+    best `beam_size` of the `beam_size * K_t` extensions survive. The
+    decoder state is reordered by parent beam at every step, like the token
+    history, so a KV cache stays aligned with its beam.
+
+    With `beam_size` at least the number of valid sequences the result is
+    exact: every valid sequence, ranked by total log-probability.
+
+    Args:
+        index: `StaticIndex`, a `ConstrainedDecoding` layer holding one, or
+            None for an unconstrained search (the baseline: plain top-k over
+            the vocabulary, `length` steps).
+        step_fn: `step_fn(prefix, state) -> (logits, state)`. `prefix` is
+            int32 `[R, t]` (the tokens so far), `logits` `[R, V]`, `state`
+            any nest of tensors with leading dimension R.
+        batch_size: int (or scalar int tensor), B.
+        beam_size: int, M, beams kept per batch row.
+        initial_state: nest of tensors with leading dimension R, rows
+            ordered batch-major (row `b * beam_size + m`). Defaults to None.
+        num_results: int K <= beam_size, results returned per batch row.
+            Defaults to `beam_size`.
+        dense_top_k: int. Candidates kept per beam at dense-head steps.
+            Defaults to `beam_size` (exact: a beam never contributes more
+            than `beam_size` survivors).
+        length: int. Steps of an unconstrained search; must be None (the
+            index's length is used) when `index` is given.
+
+    Returns:
+        dict with `tokens` int32 `[B, K, L]`, `scores` float32 `[B, K]` (sum of
+        the chosen tokens' log-softmax scores), and `item_ids` `[B, K]` when
+        the index has item ids; sorted by score, descending. Where fewer valid
+        sequences exist than K, the rest is padding: tokens -1, score -inf,
+        item id -1.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> index = StaticIndex.build([[1, 2], [1, 3], [0, 2]], vocab_size=4)
+    >>> def step_fn(prefix, state):
+    ...     return ops.zeros((ops.shape(prefix)[0], 4)), state
+    >>> out = beam_search(index, step_fn, batch_size=1, beam_size=4)
+    >>> np.asarray(out["tokens"])[0, :3].tolist()
+    [[0, 2], [1, 2], [1, 3]]
+    >>> np.asarray(out["tokens"])[0, 3].tolist()
+    [-1, -1]
+
+    References:
+        Su et al., "Vectorizing the Trie: Efficient Constrained Decoding for
+        LLM-based Generative Retrieval on Accelerators" (arXiv:2602.22647).
+    """
+    if index is None:
+        if length is None:
+            raise ValueError("An unconstrained beam search (index=None) needs `length`")
+        constraint = None
+        length = _positive_int(length, "length")
+    else:
+        if length is not None:
+            raise ValueError("`length` is given by the index; pass length=None")
+        if isinstance(index, ConstrainedDecoding):
+            constraint = index
+        else:
+            constraint = ConstrainedDecoding(index)
+        length = constraint.length
+    beam_size = _positive_int(beam_size, "beam_size")
+    num_results = beam_size if num_results is None else _positive_int(num_results, "num_results")
+    if num_results > beam_size:
+        raise ValueError(
+            f"`num_results` must be at most `beam_size`={beam_size}. "
+            f"Received: num_results={num_results}"
+        )
+    dense_top_k = beam_size if dense_top_k is None else _positive_int(dense_top_k, "dense_top_k")
+    if isinstance(batch_size, (int, np.integer)):
+        batch_size = _positive_int(batch_size, "batch_size")
+    rows = batch_size * beam_size
+
+    # Only beam 0 is live at the start, so the first step does not return
+    # beam_size copies of the same candidates.
+    first_beam = ops.where(ops.equal(ops.arange(beam_size), 0), 0.0, -np.inf)
+    beam_scores = ops.reshape(
+        ops.zeros((batch_size, 1), dtype="float32") + first_beam[None, :], (-1,)
+    )
+    beam_states = ops.zeros((rows,), dtype="int32")
+    prefix = ops.zeros((rows, 0), dtype="int32")
+    batch_base = ops.expand_dims(ops.arange(batch_size, dtype="int32") * beam_size, 1)
+    state = initial_state
+
+    for step in range(length):
+        logits, state = step_fn(prefix, state)
+        log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+        if constraint is None:
+            scores, tokens = ops.top_k(log_probs, min(beam_size, ops.shape(log_probs)[1]))
+            tokens = ops.cast(tokens, "int32")
+            next_states = ops.zeros_like(tokens)
+        else:
+            scores, tokens, next_states = constraint.candidates(
+                log_probs, beam_states, step, top_k=dense_top_k
+            )
+        width = ops.shape(scores)[1]
+        total = ops.reshape(ops.expand_dims(beam_scores, 1) + scores, (-1, beam_size * width))
+        beam_scores, choice = ops.top_k(total, beam_size, sorted=True)  # [B, M]
+        choice = ops.cast(choice, "int32")
+        parent = ops.reshape(batch_base + choice // width, (-1,))  # [R] rows
+        flat_choice = ops.reshape(batch_base * width + choice, (-1,))
+        live = ops.reshape(ops.greater(beam_scores, -np.inf), (-1,))
+        beam_scores = ops.reshape(beam_scores, (-1,))
+        token = ops.where(live, ops.take(ops.reshape(tokens, (-1,)), flat_choice), PAD_TOKEN)
+        beam_states = ops.where(
+            live, ops.take(ops.reshape(next_states, (-1,)), flat_choice), INVALID_STATE
+        )
+        prefix = ops.concatenate(
+            [ops.take(prefix, parent, axis=0), ops.expand_dims(token, 1)], axis=1
+        )
+        if step + 1 < length and state is not None:
+            state = keras.tree.map_structure(lambda x: ops.take(x, parent, axis=0), state)
+
+    live = ops.greater(beam_scores, -np.inf)
+    tokens = ops.where(ops.expand_dims(live, 1), prefix, PAD_TOKEN)
+    result = {
+        "tokens": ops.reshape(tokens, (-1, beam_size, length))[:, :num_results],
+        "scores": ops.reshape(beam_scores, (-1, beam_size))[:, :num_results],
+    }
+    if constraint is not None and constraint.layout.has_item_ids:
+        ids = constraint.item_ids(ops.where(live, beam_states, INVALID_STATE))
+        result["item_ids"] = ops.reshape(ids, (-1, beam_size))[:, :num_results]
+    return result
+
+
+def _positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+    return int(value)

@@ -1,0 +1,151 @@
+"""`ConstrainedBeamSearch`: constrained beam search as a Keras 3 layer."""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from static_keras.api_export import static_keras_export
+from static_keras.decoding.beam_search import beam_search
+from static_keras.index.static_index import StaticIndex
+from static_keras.layers.constrained_decoding import ConstrainedDecoding
+
+
+@static_keras_export
+class ConstrainedBeamSearch(keras.layers.Layer):
+    """Decodes the best valid sequences for each input row, inside a model.
+
+    Wraps `beam_search` around a decoder layer so that a functional model
+    maps context features (a user's history, a prompt) straight to the top
+    valid sequences. The decoder follows the step contract:
+    `decoder(prefix, state) -> (logits, state)`, with `prefix` int32 `[R, t]`
+    and `state` a nest of tensors with leading dimension `R = B * beam_size`.
+    If the decoder has a method `initial_state(context)`, it turns the
+    context (each row repeated `beam_size` times) into the first state (for
+    example: encode the history once and allocate a KV cache); otherwise the
+    repeated context itself is the state.
+
+    Args:
+        index: `StaticIndex` or None. The valid set. None when `constraint`
+            is given (as `from_config` does), or for an unconstrained search
+            of `length` steps (the baseline the constraint is measured
+            against).
+        decoder: Keras layer or model following the step contract.
+        beam_size: int. Beams kept per input row. Defaults to 10.
+        num_results: int or None. Results per row, at most `beam_size`.
+            Defaults to `beam_size`.
+        dense_top_k: int or None. Candidates per beam at dense-head steps.
+            Defaults to `beam_size`.
+        constraint: `ConstrainedDecoding` or None: the layer that holds the
+            index weights; built from `index` when None.
+        length: int or None. Steps of an unconstrained search (no index and
+            no constraint); None otherwise.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        context: tensor or nest of tensors with leading dimension B.
+
+    Returns:
+        dict: `tokens` int32 `[B, K, L]`, `scores` float32 `[B, K]`, and
+        `item_ids` `[B, K]` when the index has item ids (see `beam_search`).
+
+    Example:
+
+    >>> import numpy as np
+    >>> index = StaticIndex.build([[1, 2], [1, 3], [0, 2]], vocab_size=4)
+    >>> class Uniform(keras.layers.Layer):
+    ...     def call(self, prefix, state):
+    ...         return keras.ops.zeros((keras.ops.shape(state)[0], 4)), state
+    >>> search = ConstrainedBeamSearch(index, Uniform(), beam_size=3)
+    >>> out = search(np.zeros((2, 1), "float32"))
+    >>> np.asarray(out["tokens"]).shape
+    (2, 3, 2)
+    """
+
+    def __init__(
+        self,
+        index: StaticIndex | None = None,
+        decoder: keras.layers.Layer | None = None,
+        beam_size: int = 10,
+        num_results: int | None = None,
+        dense_top_k: int | None = None,
+        constraint: ConstrainedDecoding | None = None,
+        length: int | None = None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if decoder is None:
+            raise ValueError("ConstrainedBeamSearch needs a `decoder` layer")
+        if not isinstance(beam_size, int) or isinstance(beam_size, bool) or beam_size < 1:
+            raise ValueError(
+                f"`beam_size` must be a positive integer. Received: beam_size={beam_size!r}"
+            )
+        if num_results is not None and not 1 <= num_results <= beam_size:
+            raise ValueError(
+                f"`num_results` must lie in [1, beam_size={beam_size}]. "
+                f"Received: num_results={num_results!r}"
+            )
+        if constraint is None and index is not None:
+            constraint = ConstrainedDecoding(index, name="constraint")
+        elif constraint is not None and index is not None:
+            constraint.set_index(index)
+        if (constraint is None) == (length is None):
+            raise ValueError(
+                "ConstrainedBeamSearch needs an `index` (constrained) or a "
+                "`length` (unconstrained), not both"
+            )
+        self.decoder = decoder
+        self.constraint = constraint
+        self.beam_size = beam_size
+        self.num_results = num_results
+        self.dense_top_k = dense_top_k
+        self.length = length
+
+    def build(self, input_shape=None):
+        self.built = True
+
+    def call(self, context):
+        repeated = keras.tree.map_structure(
+            lambda x: ops.repeat(x, self.beam_size, axis=0), context
+        )
+        batch_size = ops.shape(keras.tree.flatten(context)[0])[0]
+        if hasattr(self.decoder, "initial_state"):
+            state = self.decoder.initial_state(repeated)
+        else:
+            state = repeated
+        return beam_search(
+            self.constraint,
+            self.decoder,
+            batch_size,
+            self.beam_size,
+            initial_state=state,
+            num_results=self.num_results,
+            dense_top_k=self.dense_top_k,
+            length=self.length,
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "decoder": keras.saving.serialize_keras_object(self.decoder),
+                "constraint": (
+                    None
+                    if self.constraint is None
+                    else keras.saving.serialize_keras_object(self.constraint)
+                ),
+                "length": self.length,
+                "beam_size": self.beam_size,
+                "num_results": self.num_results,
+                "dense_top_k": self.dense_top_k,
+            }
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["decoder"] = keras.saving.deserialize_keras_object(config["decoder"])
+        if config.get("constraint") is not None:
+            config["constraint"] = keras.saving.deserialize_keras_object(config["constraint"])
+        return cls(**config)

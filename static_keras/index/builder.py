@@ -1,0 +1,336 @@
+"""Compiles a set of token sequences into STATIC's arrays, with NumPy only.
+
+The trie is never materialised as Python objects. Rows are sorted once
+(packed into 64-bit keys), and every level of the trie falls out of one
+number per row: the length of the common prefix it shares with the previous
+sorted row (`lcp`). A row opens a new node at depth `t + 1` exactly when
+`lcp <= t`, so node counts, child tokens and CSR row pointers of a level are
+a comparison, a compress and a `flatnonzero` over the columns.
+
+States are numbered level by level and children of one parent are sorted by
+token, so in a tree the child reached by tail edge `k` is tail state
+`n_d + k` (no next-state array is stored), and row pointers are stored only
+for levels where some state has more than one child.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from static_keras.index.layout import IndexLayout
+from static_keras.index.layout import dense_mask_words
+from static_keras.index.layout import token_dtype
+
+#: Default memory budget of the dense head chosen by `dense_levels="auto"`.
+DEFAULT_DENSE_BUDGET_BYTES = 64 * 2**20
+#: A dense head at most this large is always taken: it costs nothing.
+_FREE_DENSE_BYTES = 2**20
+#: "auto" takes a dense level only while at least 1/_MIN_DENSE_FILL of the
+#: `V**d` entries of its state map are real states.
+_MIN_DENSE_FILL = 64
+
+DUPLICATE_ITEM_POLICIES = ("error", "first", "last")
+
+
+def validate_sequences(sequences, vocab_size) -> np.ndarray:
+    """Checks `sequences` and returns it as a C-contiguous narrow uint array."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
+        raise ValueError(f"`vocab_size` must be an integer. Received: vocab_size={vocab_size!r}")
+    vocab_size = int(vocab_size)
+    if vocab_size < 1:
+        raise ValueError(f"`vocab_size` must be at least 1. Received: vocab_size={vocab_size}")
+    try:
+        array = np.asarray(sequences)
+    except ValueError as error:  # NumPy refuses ragged nested lists.
+        raise ValueError(
+            f"`sequences` is ragged: every sequence must have the same length ({error})"
+        ) from None
+    if array.dtype == object:
+        raise ValueError(
+            "`sequences` is ragged or holds non-numbers: expected an integer "
+            "array of shape [num_sequences, length]"
+        )
+    if array.size == 0:
+        raise ValueError(
+            "`sequences` is empty: the valid set needs at least one sequence "
+            f"of at least one token. Received shape {array.shape}"
+        )
+    if array.ndim != 2:
+        raise ValueError(
+            f"`sequences` must have rank 2, [num_sequences, length]. Received shape {array.shape}"
+        )
+    if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"`sequences` must hold integers. Received dtype {array.dtype}")
+    low, high = array.min(), array.max()
+    if low < 0:
+        where = np.argwhere(array < 0)[0]
+        raise ValueError(
+            f"`sequences` holds a negative token {int(low)} (row {where[0]}, "
+            f"position {where[1]}); tokens must lie in [0, {vocab_size})"
+        )
+    if high >= vocab_size:
+        where = np.argwhere(array >= vocab_size)[0]
+        raise ValueError(
+            f"`sequences` holds token {int(high)} (row {where[0]}, position "
+            f"{where[1]}), out of range for vocab_size={vocab_size}"
+        )
+    return np.ascontiguousarray(array, dtype=token_dtype(vocab_size))
+
+
+def validate_item_ids(item_ids, num_sequences: int) -> np.ndarray:
+    array = np.asarray(item_ids)
+    if array.ndim != 1 or array.shape[0] != num_sequences:
+        raise ValueError(
+            "`item_ids` must be a vector with one id per sequence: expected "
+            f"shape ({num_sequences},), received {array.shape}"
+        )
+    if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"`item_ids` must hold integers. Received dtype {array.dtype}")
+    if array.dtype == np.uint64 and array.size and array.max() > np.iinfo(np.int64).max:
+        raise ValueError("`item_ids` holds values that do not fit in int64")
+    return array.astype(np.int64, copy=False)
+
+
+def _pack_words(seqs: np.ndarray, vocab_size: int) -> list[np.ndarray]:
+    """Packs rows into uint64 words, most significant token first.
+
+    The first word takes as many tokens as fit in 64 bits; later words leave
+    room for a group id (see `_lexicographic_order`).
+    """
+    n, length = seqs.shape
+    bits = max(1, (vocab_size - 1).bit_length())
+    group_bits = max(1, int(n).bit_length())
+    first = max(1, 64 // bits)
+    rest = max(1, (64 - group_bits) // bits)
+    words, start = [], 0
+    while start < length:
+        stop = min(length, start + (first if start == 0 else rest))
+        word = np.zeros(n, dtype=np.uint64)
+        for column in range(start, stop):
+            word <<= np.uint64(bits)
+            word |= seqs[:, column]
+        words.append(word)
+        start = stop
+    return words
+
+
+def _lexicographic_order(words: list[np.ndarray]) -> np.ndarray:
+    """A permutation that sorts rows lexicographically by their packed words.
+
+    Sorts by the first word, then refines only the runs tied on every word so
+    far, keyed by (run id, next word) in one uint64. Random semantic IDs have
+    almost no ties after the first word, so this costs about one argsort.
+    Ties on all words (duplicate rows) keep input order.
+    """
+    order = np.argsort(words[0], kind="stable")
+    if len(words) == 1:
+        return order
+    key = words[0][order]
+    tied = np.empty(order.size, dtype=bool)  # equal to the previous row so far
+    tied[0] = False
+    np.equal(key[1:], key[:-1], out=tied[1:])
+    for word in words[1:]:
+        in_run = tied.copy()
+        in_run[:-1] |= tied[1:]  # a run's first row is tied to its successor
+        rows = np.flatnonzero(in_run)
+        if rows.size == 0:
+            break
+        run_id = np.cumsum(~tied[rows]) - 1
+        bits = 64 - max(1, int(run_id[-1]).bit_length())
+        assert int(word.max()).bit_length() <= bits, "word too wide for run id"
+        composite = (run_id.astype(np.uint64) << np.uint64(bits)) | word[order[rows]]
+        local = np.argsort(composite, kind="stable")
+        order[rows] = order[rows][local]
+        composite = composite[local]
+        tied[rows[1:]] = composite[1:] == composite[:-1]
+        tied[rows[0]] = False  # first row of the subset starts a run
+    return order
+
+
+def _common_prefix_lengths(columns: list[np.ndarray]) -> np.ndarray:
+    """lcp[i] = tokens row i shares with row i-1 (sorted, unique); lcp[0] = -1."""
+    n = columns[0].size
+    lcp = np.zeros(n, dtype=np.int8 if len(columns) < 127 else np.int32)
+    same = np.ones(n - 1, dtype=bool)
+    for column in columns:
+        same &= column[1:] == column[:-1]
+        lcp[1:] += same
+    lcp[0] = -1
+    return lcp
+
+
+def _dense_bytes(vocab_size: int, levels: int) -> int:
+    words = dense_mask_words(vocab_size)
+    masks = sum(vocab_size**t for t in range(levels)) * words * 4
+    return masks + (vocab_size**levels * 4 if levels else 0)
+
+
+def choose_dense_levels(vocab_size: int, level_sizes: list[int], budget_bytes: int) -> int:
+    """The `dense_levels="auto"` rule.
+
+    The largest `d <= L` whose dense tables (bit masks for steps `< d` plus
+    the `V**d` int32 state map) fit in `budget_bytes`, and that are either
+    tiny (at most 1 MiB) or at least 1/64 full (`V**d <= 64 * n_d`, with `n_d`
+    the number of distinct length-`d` prefixes). Dense steps are the wide ones
+    near the root where a CSR row would be long; a mostly empty map wastes
+    memory that the CSR tail would not.
+    """
+    length = len(level_sizes) - 1
+    best = 0
+    for d in range(1, length + 1):
+        if vocab_size**d > np.iinfo(np.int32).max:
+            break
+        size = _dense_bytes(vocab_size, d)
+        if size > budget_bytes:
+            break
+        if size <= _FREE_DENSE_BYTES or vocab_size**d <= _MIN_DENSE_FILL * level_sizes[d]:
+            best = d
+    return best
+
+
+def build_arrays(
+    sequences,
+    vocab_size,
+    *,
+    item_ids=None,
+    dense_levels="auto",
+    on_duplicate_item: str = "error",
+    dense_budget_bytes: int = DEFAULT_DENSE_BUDGET_BYTES,
+) -> tuple[IndexLayout, dict[str, np.ndarray]]:
+    """Builds the layout and arrays of a `StaticIndex` (see its `build`)."""
+    if on_duplicate_item not in DUPLICATE_ITEM_POLICIES:
+        raise ValueError(
+            f"`on_duplicate_item` must be one of {DUPLICATE_ITEM_POLICIES}. "
+            f"Received: on_duplicate_item={on_duplicate_item!r}"
+        )
+    seqs = validate_sequences(sequences, vocab_size)
+    vocab_size = int(vocab_size)
+    num_rows, length = seqs.shape
+    if item_ids is not None:
+        item_ids = validate_item_ids(item_ids, num_rows)
+
+    order = _lexicographic_order(_pack_words(seqs, vocab_size))
+    sorted_cols = [seqs[order, t] for t in range(length)]
+    del seqs
+    lcp = _common_prefix_lengths(sorted_cols)
+
+    # Duplicate rows (lcp == length) collapse into one leaf.
+    unique = lcp < length
+    leaf_item_ids = None
+    if item_ids is not None:
+        leaf_item_ids = _leaf_item_ids(item_ids[order], unique, on_duplicate_item)
+    if not unique.all():
+        sorted_cols = [column[unique] for column in sorted_cols]
+        lcp = lcp[unique]
+    del order
+
+    # Nodes at depth t + 1 start at rows with lcp <= t; the root is 1 node.
+    level_sizes = [1] + [int(np.count_nonzero(lcp <= t)) for t in range(length)]
+    if dense_levels == "auto":
+        dense_levels = choose_dense_levels(vocab_size, level_sizes, dense_budget_bytes)
+    elif isinstance(dense_levels, bool) or not isinstance(dense_levels, (int, np.integer)):
+        raise ValueError(
+            f"`dense_levels` must be 'auto' or an integer. Received: dense_levels={dense_levels!r}"
+        )
+    else:
+        dense_levels = int(dense_levels)
+        if not 0 <= dense_levels <= length:
+            raise ValueError(
+                f"`dense_levels` must lie in [0, length={length}]. "
+                f"Received: dense_levels={dense_levels}"
+            )
+        if vocab_size**dense_levels > np.iinfo(np.int32).max:
+            raise ValueError(
+                f"`dense_levels={dense_levels}` needs a state map of "
+                f"vocab_size**{dense_levels} = {vocab_size**dense_levels} "
+                "entries, more than int32 can index"
+            )
+    d = dense_levels
+
+    # Pass 1: the widest fan-out of each level (B_t) fixes the layout.
+    step_widths = []
+    for t in range(length):
+        starts = _parent_starts(lcp, t)
+        step_widths.append(int(np.diff(starts, append=level_sizes[t + 1]).max()))
+        del starts
+
+    arrays: dict[str, np.ndarray] = {}
+    arrays["dense_masks"], arrays["dense_states"] = _dense_head(sorted_cols, lcp, vocab_size, d)
+    layout = IndexLayout.create(
+        vocab_size=vocab_size,
+        length=length,
+        dense_levels=d,
+        level_sizes=level_sizes,
+        step_widths=step_widths,
+        has_item_ids=leaf_item_ids is not None,
+    )
+
+    # Pass 2: child tokens of every tail state in state order, and CSR row
+    # pointers (absolute tail edge numbers) for levels that branch.
+    tokens = np.empty(layout.num_tail_edges, dtype=token_dtype(vocab_size))
+    indptr = np.empty(max(layout.num_indptr, 1), dtype=layout.indptr_dtype)
+    for t in range(d, length):
+        edge0 = layout.edge_offsets[t]
+        tokens[edge0 : edge0 + level_sizes[t + 1]] = sorted_cols[t][lcp <= t]
+        if t in layout.indptr_offsets:
+            row0 = layout.indptr_offsets[t]
+            rows = indptr[row0 : row0 + level_sizes[t] + 1]
+            rows[:-1] = _parent_starts(lcp, t)
+            rows[:-1] += edge0
+            rows[-1] = edge0 + level_sizes[t + 1]
+    arrays["tokens"] = tokens if tokens.size else np.zeros(1, tokens.dtype)
+    arrays["indptr"] = indptr
+    if leaf_item_ids is not None:
+        arrays["leaf_item_ids"] = leaf_item_ids
+    return layout, arrays
+
+
+def _parent_starts(lcp: np.ndarray, t: int) -> np.ndarray:
+    """For the children of depth-t nodes, in order: where each parent starts."""
+    return np.flatnonzero(lcp[lcp <= t] <= t - 1)
+
+
+def _leaf_item_ids(sorted_ids: np.ndarray, unique: np.ndarray, policy: str) -> np.ndarray:
+    """One item id per distinct sequence, resolving duplicate rows by `policy`."""
+    group_start = np.flatnonzero(unique)
+    if group_start.size == unique.size:
+        return sorted_ids
+    group = np.cumsum(unique) - 1
+    first = sorted_ids[group_start]
+    conflicting = sorted_ids != first[group]
+    if policy == "error" and conflicting.any():
+        row = int(np.flatnonzero(conflicting)[0])
+        raise ValueError(
+            "Two different item ids share one semantic ID: item "
+            f"{int(first[group[row]])} and item {int(sorted_ids[row])}. Pass "
+            "`on_duplicate_item='first'` or `'last'` to keep one of them"
+        )
+    if policy == "last":
+        group_end = np.append(group_start[1:], unique.size) - 1
+        return sorted_ids[group_end]
+    return first
+
+
+def _dense_head(sorted_cols, lcp, vocab_size: int, d: int):
+    """Bit-packed masks for steps `< d` and the state map after `d` tokens."""
+    words = dense_mask_words(vocab_size)
+    num_rows = sum(vocab_size**t for t in range(d))
+    masks = np.zeros((max(num_rows, 1), words), dtype=np.uint32)
+    states = np.full(max(vocab_size**d if d else 0, 1), -1, dtype=np.int32)
+    if d == 0:
+        return masks.view(np.int32), states
+    code = np.zeros(lcp.size, dtype=np.int64)  # prefix as a base-V number
+    row0 = 0
+    for t in range(d):
+        opens_child = lcp <= t
+        parents = code[opens_child]
+        tokens = sorted_cols[t][opens_child].astype(np.int64)
+        bits = np.zeros((vocab_size**t, words * 32), dtype=bool)
+        bits[parents, tokens] = True
+        packed = np.packbits(bits, axis=1, bitorder="little")
+        masks[row0 : row0 + vocab_size**t] = packed.view("<u4")
+        row0 += vocab_size**t
+        code = code * vocab_size + sorted_cols[t]
+    opens_node = lcp <= d - 1
+    states[code[opens_node]] = np.arange(int(np.count_nonzero(opens_node)), dtype=np.int32)
+    return masks.view(np.int32), states

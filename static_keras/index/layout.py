@@ -1,0 +1,192 @@
+"""The static shape of a STATIC index: Python integers, fixed at build time.
+
+A `StaticIndex` is a handful of flat arrays plus this layout. The layout holds
+everything a decoder needs to trace a fixed-shape graph (array sizes, per-level
+offsets, per-step widths `B_t`) and nothing that grows with the data beyond
+`O(length)` integers, so it fits in a Keras layer config.
+
+Numbering. The first `dense_levels` (d) steps are served by bit masks indexed
+by the prefix read as a base-V number (its "code"). After d tokens the state
+map turns the code into a *tail state*. Tail states are numbered level by
+level from depth d: depth-d states are `0 .. n_d - 1`, then depth d+1, and so
+on to the leaves (depth L). Tail edges (tokens) are numbered the same way, and
+the child reached by edge `k` is tail state `n_d + k`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+def dense_mask_words(vocab_size: int) -> int:
+    """int32 words per bit-packed mask row (1 bit per token)."""
+    return (vocab_size + 31) // 32
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest unsigned dtype that holds every token id."""
+    if vocab_size <= 2**8:
+        return np.dtype(np.uint8)
+    if vocab_size <= 2**16:
+        return np.dtype(np.uint16)
+    return np.dtype(np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexLayout:
+    """Sizes and offsets of a STATIC index (see the module docstring).
+
+    Attributes:
+        vocab_size: number of token ids, V.
+        length: tokens per sequence, L.
+        dense_levels: steps served by the dense head, d.
+        level_sizes: `L + 1` ints, distinct prefixes of each length (the
+            root is the only prefix of length 0; `level_sizes[L]` is the
+            number of distinct sequences).
+        step_widths: `L` ints, B_t, the largest fan-out of a state at depth t.
+        has_item_ids: whether leaves map to catalogue item ids.
+    """
+
+    vocab_size: int
+    length: int
+    dense_levels: int
+    level_sizes: tuple[int, ...]
+    step_widths: tuple[int, ...]
+    has_item_ids: bool
+
+    @classmethod
+    def create(cls, **fields) -> "IndexLayout":
+        fields["level_sizes"] = tuple(int(x) for x in fields["level_sizes"])
+        fields["step_widths"] = tuple(int(x) for x in fields["step_widths"])
+        for name in ("vocab_size", "length", "dense_levels"):
+            fields[name] = int(fields[name])
+        fields["has_item_ids"] = bool(fields["has_item_ids"])
+        layout = cls(**fields)
+        layout.check()
+        return layout
+
+    def check(self) -> None:
+        """Raises ValueError when the fields contradict each other."""
+        problems = []
+        if self.vocab_size < 1 or self.length < 1:
+            problems.append("vocab_size and length must be positive")
+        if not 0 <= self.dense_levels <= self.length:
+            problems.append("dense_levels must lie in [0, length]")
+        if len(self.level_sizes) != self.length + 1 or self.level_sizes[:1] != (1,):
+            problems.append("level_sizes must have length + 1 entries, starting at 1")
+        if len(self.step_widths) != self.length:
+            problems.append("step_widths must have one entry per step")
+        elif any(not 1 <= w <= self.vocab_size for w in self.step_widths):
+            problems.append("step_widths must lie in [1, vocab_size]")
+        if problems:
+            raise ValueError("Inconsistent index layout: " + "; ".join(problems))
+
+    def to_config(self) -> dict:
+        return {
+            "vocab_size": self.vocab_size,
+            "length": self.length,
+            "dense_levels": self.dense_levels,
+            "level_sizes": list(self.level_sizes),
+            "step_widths": list(self.step_widths),
+            "has_item_ids": self.has_item_ids,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict) -> "IndexLayout":
+        return cls.create(**config)
+
+    # Derived sizes and offsets -------------------------------------------
+
+    @property
+    def num_sequences(self) -> int:
+        return self.level_sizes[-1]
+
+    @property
+    def num_states(self) -> int:
+        """Trie nodes, root and leaves included."""
+        return sum(self.level_sizes)
+
+    @property
+    def mask_words(self) -> int:
+        return dense_mask_words(self.vocab_size)
+
+    @property
+    def dense_mask_offsets(self) -> tuple[int, ...]:
+        """First mask row of each dense step t < d (step t has V**t rows)."""
+        return tuple(sum(self.vocab_size**u for u in range(t)) for t in range(self.dense_levels))
+
+    @property
+    def dense_mask_rows(self) -> int:
+        return max(1, sum(self.vocab_size**t for t in range(self.dense_levels)))
+
+    @property
+    def dense_state_size(self) -> int:
+        return self.vocab_size**self.dense_levels if self.dense_levels else 1
+
+    @property
+    def tail_state_offsets(self) -> dict[int, int]:
+        """First tail state of each depth t in [d, L]."""
+        offsets, total = {}, 0
+        for t in range(self.dense_levels, self.length + 1):
+            offsets[t] = total
+            total += self.level_sizes[t]
+        return offsets
+
+    @property
+    def edge_offsets(self) -> dict[int, int]:
+        """First tail edge leaving depth t, for t in [d, L)."""
+        offsets, total = {}, 0
+        for t in range(self.dense_levels, self.length):
+            offsets[t] = total
+            total += self.level_sizes[t + 1]
+        return offsets
+
+    @property
+    def num_tail_edges(self) -> int:
+        return sum(self.level_sizes[self.dense_levels + 1 :])
+
+    @property
+    def indptr_offsets(self) -> dict[int, int]:
+        """First row pointer of each branching tail level (B_t > 1).
+
+        A level whose states all have one child needs no row pointers: the
+        child edge of its i-th state is the level's i-th edge.
+        """
+        offsets, total = {}, 0
+        for t in range(self.dense_levels, self.length):
+            if self.step_widths[t] > 1:
+                offsets[t] = total
+                total += self.level_sizes[t] + 1
+        return offsets
+
+    @property
+    def num_indptr(self) -> int:
+        return sum(
+            self.level_sizes[t] + 1
+            for t in range(self.dense_levels, self.length)
+            if self.step_widths[t] > 1
+        )
+
+    @property
+    def indptr_dtype(self) -> np.dtype:
+        small = self.num_tail_edges <= np.iinfo(np.int32).max
+        return np.dtype(np.int32 if small else np.int64)
+
+    @property
+    def leaf_offset(self) -> int:
+        """Tail state of the first leaf (depth L)."""
+        return self.tail_state_offsets[self.length]
+
+    def array_shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Shape and dtype of every array the index holds (min size 1)."""
+        shapes = {
+            "dense_masks": ((self.dense_mask_rows, self.mask_words), np.dtype(np.int32)),
+            "dense_states": ((self.dense_state_size,), np.dtype(np.int32)),
+            "tokens": ((max(1, self.num_tail_edges),), token_dtype(self.vocab_size)),
+            "indptr": ((max(1, self.num_indptr),), self.indptr_dtype),
+        }
+        if self.has_item_ids:
+            shapes["leaf_item_ids"] = ((self.num_sequences,), np.dtype(np.int64))
+        return shapes

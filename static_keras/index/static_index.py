@@ -1,0 +1,320 @@
+"""`StaticIndex`: a valid set of token sequences in STATIC's device layout."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from static_keras.index import serialization
+from static_keras.index.builder import DEFAULT_DENSE_BUDGET_BYTES
+from static_keras.index.builder import build_arrays
+from static_keras.index.layout import IndexLayout
+
+
+class StaticIndex:
+    """A valid set of token sequences, compiled for constrained decoding.
+
+    STATIC (Sparse Transition Matrix-Accelerated Trie Index) stores the trie
+    of the valid sequences as flat arrays that an accelerator reads with
+    fixed-width gathers: for the first `dense_levels` steps, bit-packed masks
+    indexed by the prefix itself (1 bit per token), then a CSR matrix of
+    child tokens per trie state. The tree numbering makes next states
+    implicit, and levels where no state branches store no row pointers.
+
+    Build one with `StaticIndex.build`, save it with `save`, load it with
+    `StaticIndex.load`, and hand it to `ConstrainedDecoding`,
+    `ConstrainedBeamSearch` or `beam_search`. The query methods (`contains`,
+    `allowed_tokens`, `lookup_item_ids`) answer on the host with NumPy.
+
+    Example:
+
+    >>> import numpy as np
+    >>> index = StaticIndex.build([[1, 2], [1, 3], [0, 2]], vocab_size=4)
+    >>> index.num_sequences, index.step_widths
+    (3, (2, 2))
+    >>> index.allowed_tokens(np.array([[1]]))[0].nonzero()[0].tolist()
+    [2, 3]
+    >>> index.contains([[1, 3], [3, 1]]).tolist()
+    [True, False]
+
+    References:
+        Su et al., "Vectorizing the Trie: Efficient Constrained Decoding for
+        LLM-based Generative Retrieval on Accelerators" (arXiv:2602.22647).
+    """
+
+    def __init__(self, layout: IndexLayout, arrays: dict[str, np.ndarray]):
+        expected = layout.array_shapes()
+        if set(arrays) != set(expected):
+            raise ValueError(
+                f"Index arrays {sorted(arrays)} do not match the layout, "
+                f"which needs {sorted(expected)}"
+            )
+        for name, (shape, dtype) in expected.items():
+            array = arrays[name]
+            if array.shape != shape or array.dtype != dtype:
+                raise ValueError(
+                    f"Index array {name!r} has shape {array.shape} and dtype "
+                    f"{array.dtype}; the layout needs {shape} and {dtype}"
+                )
+        self._layout = layout
+        self._arrays = dict(arrays)
+
+    @classmethod
+    def build(
+        cls,
+        sequences,
+        vocab_size: int,
+        *,
+        item_ids=None,
+        dense_levels: int | str = "auto",
+        on_duplicate_item: str = "error",
+        dense_budget_bytes: int = DEFAULT_DENSE_BUDGET_BYTES,
+    ) -> "StaticIndex":
+        """Compiles the valid set `sequences` into an index.
+
+        Args:
+            sequences: int array-like `[N, L]`, tokens in `[0, vocab_size)`.
+                Duplicate rows are fine (they count once).
+            vocab_size: int. Number of token ids, V.
+            item_ids: optional int array-like `[N]`: the catalogue id of each
+                row, returned by `lookup_item_ids` and by beam search.
+            dense_levels: int in `[0, L]`, or `"auto"`. Steps served by the
+                bit-packed dense head. `"auto"` takes the largest d whose
+                tables (`V**d` int32 state map plus masks) fit in
+                `dense_budget_bytes` and are at most 1 MiB or at least 1/64
+                full. Defaults to `"auto"`.
+            on_duplicate_item: `"error"`, `"first"` or `"last"`: what to do
+                when one sequence has two different item ids. Defaults to
+                `"error"`.
+            dense_budget_bytes: int. Memory cap of the `"auto"` rule.
+                Defaults to 64 MiB.
+
+        Raises:
+            ValueError: naming the problem with the input.
+        """
+        layout, arrays = build_arrays(
+            sequences,
+            vocab_size,
+            item_ids=item_ids,
+            dense_levels=dense_levels,
+            on_duplicate_item=on_duplicate_item,
+            dense_budget_bytes=dense_budget_bytes,
+        )
+        return cls(layout, arrays)
+
+    # Persistence ------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the index to one `.npz` file (atomically: write, rename)."""
+        serialization.save(path, self._layout, self._arrays)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "StaticIndex":
+        """Reads an index written by `save`; verifies format and checksum."""
+        layout, arrays = serialization.load(path)
+        return cls(layout, arrays)
+
+    # Properties --------------------------------------------------------------
+
+    @property
+    def layout(self) -> IndexLayout:
+        return self._layout
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays that go to the device, by name (read-only views)."""
+        views = {}
+        for name, array in self._arrays.items():
+            view = array.view()
+            view.flags.writeable = False
+            views[name] = view
+        return views
+
+    @property
+    def vocab_size(self) -> int:
+        return self._layout.vocab_size
+
+    @property
+    def length(self) -> int:
+        return self._layout.length
+
+    @property
+    def num_sequences(self) -> int:
+        """Distinct valid sequences."""
+        return self._layout.num_sequences
+
+    @property
+    def num_states(self) -> int:
+        """Trie states, root and leaves included."""
+        return self._layout.num_states
+
+    @property
+    def dense_levels(self) -> int:
+        return self._layout.dense_levels
+
+    @property
+    def step_widths(self) -> tuple[int, ...]:
+        """B_t per step: the largest number of valid next tokens at step t."""
+        return self._layout.step_widths
+
+    @property
+    def has_item_ids(self) -> bool:
+        return self._layout.has_item_ids
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all arrays that go to the device."""
+        return sum(array.nbytes for array in self._arrays.values())
+
+    @property
+    def checksum(self) -> str:
+        """SHA-256 of the layout and arrays, as stored by `save`."""
+        return serialization.checksum(self._layout, self._arrays)
+
+    def __repr__(self) -> str:
+        return (
+            f"StaticIndex(num_sequences={self.num_sequences}, "
+            f"vocab_size={self.vocab_size}, length={self.length}, "
+            f"dense_levels={self.dense_levels}, step_widths={self.step_widths}, "
+            f"nbytes={self.nbytes})"
+        )
+
+    # Queries (host side, vectorised) ----------------------------------------
+
+    def _check_prefixes(self, prefixes, *, max_length: int, name: str) -> np.ndarray:
+        array = np.asarray(prefixes)
+        if array.ndim == 1 and array.size == 0:
+            array = array.reshape(1, 0)
+        if array.ndim != 2:
+            raise ValueError(f"`{name}` must have rank 2. Received shape {array.shape}")
+        if array.size and (array.dtype == bool or not np.issubdtype(array.dtype, np.integer)):
+            raise ValueError(f"`{name}` must hold integers. Received dtype {array.dtype}")
+        if array.shape[1] > max_length:
+            raise ValueError(
+                f"`{name}` has length {array.shape[1]}; at most {max_length} "
+                f"for an index of length {self.length}"
+            )
+        return array.astype(np.int64, copy=False)
+
+    def _walk(self, prefixes: np.ndarray) -> np.ndarray:
+        """State after each prefix: a code (t < d) or tail state; -1 if invalid."""
+        layout, vocab = self._layout, self.vocab_size
+        n, t_end = prefixes.shape
+        state = np.zeros(n, dtype=np.int64)
+        masks = self._arrays["dense_masks"]
+        tokens = self._arrays["tokens"]
+        in_range = (prefixes >= 0) & (prefixes < vocab)
+        for t in range(t_end):
+            ok = (state >= 0) & in_range[:, t]
+            token = np.where(ok, prefixes[:, t], 0)
+            if t < layout.dense_levels:
+                row = layout.dense_mask_offsets[t] + np.where(ok, state, 0)
+                word = masks[row, token >> 5].view(np.uint32) if n else masks[:0, 0]
+                ok &= ((word >> (token & 31).astype(np.uint32)) & 1).astype(bool)
+                state = np.where(ok, state * vocab + token, -1)
+                if t + 1 == layout.dense_levels:
+                    dense = self._arrays["dense_states"]
+                    state = np.where(ok, dense[np.where(ok, state, 0)], -1)
+            else:
+                start, end = self._row_bounds(np.where(ok, state, 0), t)
+                edge = _search_rows(tokens, start, end, token)
+                ok &= edge >= 0
+                state = np.where(ok, edge + layout.level_sizes[layout.dense_levels], -1)
+        return state
+
+    def _row_bounds(self, states: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """CSR row [start, end) of tail states at depth t."""
+        layout = self._layout
+        local = states - layout.tail_state_offsets[t]
+        if t in layout.indptr_offsets:
+            indptr = self._arrays["indptr"]
+            row = layout.indptr_offsets[t] + local
+            return indptr[row].astype(np.int64), indptr[row + 1].astype(np.int64)
+        start = layout.edge_offsets[t] + local
+        return start, start + 1
+
+    def contains(self, sequences) -> np.ndarray:
+        """bool `[n]`: whether each full-length sequence is in the valid set."""
+        seqs = self._check_prefixes(sequences, max_length=self.length, name="sequences")
+        if seqs.shape[1] != self.length:
+            raise ValueError(
+                f"`sequences` must have length {self.length}. Received shape {seqs.shape}"
+            )
+        return self._walk(seqs) >= 0
+
+    def allowed_tokens(self, prefixes) -> np.ndarray:
+        """bool `[n, vocab_size]`: valid next tokens after each prefix.
+
+        Args:
+            prefixes: int array-like `[n, t]` with `0 <= t < length` (one
+                length per call). A prefix outside the valid set allows
+                nothing.
+        """
+        prefixes = self._check_prefixes(prefixes, max_length=self.length - 1, name="prefixes")
+        state = self._walk(prefixes)
+        valid = np.flatnonzero(state >= 0)
+        row, token, _ = self._expand(state[valid], prefixes.shape[1])
+        out = np.zeros((prefixes.shape[0], self.vocab_size), dtype=bool)
+        out[valid[row], token] = True
+        return out
+
+    def lookup_item_ids(self, sequences) -> np.ndarray:
+        """int64 `[n]`: the item id of each sequence, -1 where not in the set."""
+        if not self.has_item_ids:
+            raise ValueError("This index was built without `item_ids`")
+        seqs = self._check_prefixes(sequences, max_length=self.length, name="sequences")
+        if seqs.shape[1] != self.length:
+            raise ValueError(
+                f"`sequences` must have length {self.length}. Received shape {seqs.shape}"
+            )
+        state = self._walk(seqs)
+        found = state >= 0
+        leaf = np.where(found, state - self._layout.leaf_offset, 0)
+        return np.where(found, self._arrays["leaf_item_ids"][leaf], -1)
+
+    def sequences(self) -> np.ndarray:
+        """All distinct valid sequences, sorted, as int32 `[num_sequences, L]`."""
+        prefix = np.zeros((1, 0), dtype=np.int32)
+        state = np.zeros(1, dtype=np.int64)
+        for t in range(self.length):
+            row, token, state = self._expand(state, t)
+            prefix = np.concatenate([prefix[row], token[:, None]], axis=1)
+        return prefix
+
+    def _expand(self, state: np.ndarray, t: int):
+        """All edges out of valid states at depth t: (row, token, next state)."""
+        layout, vocab = self._layout, self.vocab_size
+        if t < layout.dense_levels:
+            packed = self._arrays["dense_masks"][layout.dense_mask_offsets[t] + state]
+            bits = np.unpackbits(packed.view(np.uint8), axis=1, bitorder="little")
+            row, token = np.nonzero(bits[:, :vocab])
+            next_state = state[row] * vocab + token
+            if t + 1 == layout.dense_levels:
+                next_state = self._arrays["dense_states"][next_state].astype(np.int64)
+            return row, token.astype(np.int32), next_state
+        start, end = self._row_bounds(state, t)
+        counts = end - start
+        row = np.repeat(np.arange(state.size), counts)
+        first = np.cumsum(counts) - counts  # position of each row's first edge
+        edge = np.arange(counts.sum()) - np.repeat(first - start, counts)
+        token = self._arrays["tokens"][edge].astype(np.int32)
+        return row, token, edge + layout.level_sizes[layout.dense_levels]
+
+
+def _search_rows(
+    tokens: np.ndarray, start: np.ndarray, end: np.ndarray, target: np.ndarray
+) -> np.ndarray:
+    """Edge in `tokens[start:end]` (sorted per row) equal to target, else -1."""
+    lo, hi = start.copy(), end.copy()
+    while True:
+        active = lo < hi
+        if not active.any():
+            break
+        mid = (lo + hi) // 2
+        value = tokens[np.where(active, mid, 0)].astype(np.int64)
+        go_right = active & (value < target)
+        lo = np.where(go_right, mid + 1, lo)
+        hi = np.where(active & ~go_right, mid, hi)
+    found = (lo < end) & (tokens[np.minimum(lo, tokens.size - 1)].astype(np.int64) == target)
+    return np.where(found, lo, -1)

@@ -1,0 +1,282 @@
+"""Constrained beam search against exhaustive ranking of the valid set."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from static_keras import CachedTransformerDecoder
+from static_keras import ConstrainedBeamSearch
+from static_keras import StaticIndex
+from static_keras import beam_search
+
+_TABLE_ROWS = 97
+
+
+def _prefix_logits(table):
+    """A deterministic logits function of the prefix (no two rows tie)."""
+
+    def logits_of(prefix):
+        t = prefix.shape[1]
+        weights = ops.convert_to_tensor(np.array([31, 17, 13, 7, 5, 3, 2, 11][:t] or [0], "int32"))
+        code = ops.sum(ops.cast(prefix, "int32") * weights[:t], axis=1) + 29 * t
+        return ops.take(table, code % _TABLE_ROWS, axis=0)
+
+    return logits_of
+
+
+def _table(vocab, seed):
+    return np.random.default_rng(seed).normal(size=(_TABLE_ROWS, vocab)).astype("float32")
+
+
+def _exhaustive_ranking(sequences, table):
+    """Every valid sequence with its total log-softmax score, best first."""
+    weights = np.array([31, 17, 13, 7, 5, 3, 2, 11])
+    log_probs = table - np.log(np.exp(table - table.max(1, keepdims=True)).sum(1, keepdims=True))
+    log_probs -= table.max(1, keepdims=True)
+    scores = np.zeros(len(sequences), np.float32)
+    for t in range(sequences.shape[1]):
+        code = (sequences[:, :t] * weights[:t]).sum(1) + 29 * t
+        scores += log_probs[code % _TABLE_ROWS, sequences[:, t]]
+    order = np.argsort(-scores, kind="stable")
+    return sequences[order], scores[order]
+
+
+def _check_exact(index, table, out, batch_size):
+    expected_tokens, expected_scores = _exhaustive_ranking(index.sequences(), table)
+    n = len(expected_tokens)
+    tokens, scores = np.asarray(out["tokens"]), np.asarray(out["scores"])
+    for b in range(batch_size):
+        np.testing.assert_array_equal(tokens[b, :n], expected_tokens)
+        np.testing.assert_allclose(scores[b, :n], expected_scores, rtol=1e-5, atol=1e-5)
+        assert np.all(tokens[b, n:] == -1)
+        assert np.all(np.isneginf(scores[b, n:]))
+
+
+@pytest.mark.parametrize(
+    "n,vocab,length,dense_levels",
+    [
+        (1, 5, 3, "auto"),
+        (12, 6, 3, 0),
+        (12, 6, 3, 1),
+        (12, 6, 3, 3),
+        (40, 4, 4, 2),
+        (25, 30, 2, 1),
+        (9, 1, 4, 2),  # V = 1: one sequence, all zeros
+        (15, 40, 1, 0),  # L = 1
+        (15, 40, 1, 1),
+    ],
+)
+def test_beam_at_least_n_equals_exhaustive_ranking(n, vocab, length, dense_levels):
+    rng = np.random.default_rng(n * 100 + vocab)
+    seqs = rng.integers(0, vocab, size=(n, length))
+    index = StaticIndex.build(seqs, vocab, dense_levels=dense_levels)
+    table = _table(vocab, seed=n)
+    logits_of = _prefix_logits(ops.convert_to_tensor(table))
+    beam = index.num_sequences + 3  # larger than the set: padding at the end
+    out = beam_search(index, lambda p, s: (logits_of(p), s), batch_size=2, beam_size=beam)
+    assert np.asarray(out["tokens"]).shape == (2, beam, length)
+    assert np.asarray(out["tokens"]).dtype == np.int32
+    assert np.asarray(out["scores"]).dtype == np.float32
+    _check_exact(index, table, out, batch_size=2)
+
+
+def test_every_token_at_every_level_and_shared_prefixes():
+    grid = np.stack(np.meshgrid(*[np.arange(3)] * 3, indexing="ij"), -1).reshape(-1, 3)
+    shared = np.concatenate([np.zeros((5, 5), int), np.arange(5)[:, None]], axis=1)
+    for seqs, vocab in ((grid, 3), (shared, 5)):
+        index = StaticIndex.build(np.concatenate([seqs, seqs]), vocab)  # with duplicates
+        table = _table(vocab, seed=1)
+        logits_of = _prefix_logits(ops.convert_to_tensor(table))
+        out = beam_search(index, lambda p, s: (logits_of(p), s), batch_size=1, beam_size=len(seqs))
+        _check_exact(index, table, out, batch_size=1)
+
+
+def test_small_beam_results_are_valid_distinct_and_sorted():
+    rng = np.random.default_rng(3)
+    seqs = rng.integers(0, 50, size=(3000, 5))
+    index = StaticIndex.build(seqs, 50, item_ids=np.arange(3000), on_duplicate_item="first")
+    table = _table(50, seed=2)
+    logits_of = _prefix_logits(ops.convert_to_tensor(table))
+    out = beam_search(
+        index, lambda p, s: (logits_of(p), s), batch_size=3, beam_size=16, num_results=10
+    )
+    tokens, scores, ids = (np.asarray(out[k]) for k in ("tokens", "scores", "item_ids"))
+    assert tokens.shape == (3, 10, 5) and ids.shape == (3, 10)
+    flat = tokens.reshape(-1, 5)
+    assert index.contains(flat).all()
+    np.testing.assert_array_equal(ids.reshape(-1), index.lookup_item_ids(flat))
+    for b in range(3):
+        assert len({tuple(row) for row in tokens[b]}) == 10
+        assert np.all(np.diff(scores[b]) <= 0)
+    # The best result is the true best valid sequence (it survives any beam).
+    best_tokens, _ = _exhaustive_ranking(index.sequences(), table)
+    np.testing.assert_array_equal(tokens[0, 0], best_tokens[0])
+
+
+def test_state_is_reordered_by_parent_beam():
+    """A state that records each chosen token must always equal the prefix."""
+    index = StaticIndex.build(np.random.default_rng(4).integers(0, 6, (200, 4)), 6)
+    logits_of = _prefix_logits(ops.convert_to_tensor(_table(6, seed=3)))
+    mismatches = []
+
+    def step_fn(prefix, history):
+        t = prefix.shape[1]
+        if t >= 2:  # tokens recorded by earlier calls, after reordering
+            recorded = np.asarray(history)[:, : t - 1]
+            mismatches.append(int(np.sum(recorded != np.asarray(prefix)[:, : t - 1])))
+        if t >= 1:
+            history = ops.slice_update(history, (0, t - 1), prefix[:, t - 1 :])
+        return logits_of(prefix), history
+
+    history = ops.zeros((2 * 8, 4), "int32")
+    out = beam_search(index, step_fn, batch_size=2, beam_size=8, initial_state=history)
+    assert mismatches == [0, 0]
+    assert index.contains(np.asarray(out["tokens"]).reshape(-1, 4)).all()
+
+
+def _cached_setup(seed=0, vocab=12, length=4, n=400):
+    rng = np.random.default_rng(seed)
+    seqs = rng.integers(0, vocab, size=(n, length))
+    index = StaticIndex.build(seqs, vocab, item_ids=np.arange(n) + 7, on_duplicate_item="first")
+    keras.utils.set_random_seed(seed)
+    decoder = CachedTransformerDecoder(vocab, length, context_vocab_size=30, hidden_dim=16)
+    context = rng.integers(0, 30, size=(3, 6)).astype("int32")
+    return index, decoder, context
+
+
+def test_transformer_cache_matches_full_recompute():
+    index, decoder, context = _cached_setup()
+    rng = np.random.default_rng(1)
+    state = decoder.initial_state(context)
+    prefix = np.zeros((3, 0), "int32")
+    for _ in range(index.length):
+        logits, state = decoder(prefix, state)
+        full = decoder.full_logits(context, prefix)
+        np.testing.assert_allclose(np.asarray(logits), np.asarray(full), atol=1e-5)
+        prefix = np.concatenate([prefix, rng.integers(0, 12, (3, 1)).astype("int32")], 1)
+
+
+def test_cached_decoder_beam_search_equals_uncached():
+    """With the KV cache reordered by parent beam, caching changes nothing."""
+    index, decoder, context = _cached_setup()
+    search = ConstrainedBeamSearch(index, decoder, beam_size=6, num_results=4)
+    cached = search(context)
+
+    def full_step(prefix, state):
+        return decoder.full_logits(state, prefix), state
+
+    uncached = beam_search(
+        index, full_step, batch_size=3, beam_size=6, num_results=4,
+        initial_state=ops.convert_to_tensor(np.repeat(context, 6, axis=0)),
+    )  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(cached["tokens"]), np.asarray(uncached["tokens"]))
+    np.testing.assert_allclose(
+        np.asarray(cached["scores"]), np.asarray(uncached["scores"]), atol=1e-5
+    )
+    np.testing.assert_array_equal(
+        np.asarray(cached["item_ids"]),
+        index.lookup_item_ids(np.asarray(cached["tokens"]).reshape(-1, 4)).reshape(3, 4),
+    )
+
+
+def test_functional_model_keras_round_trip_and_batch_sizes(tmp_path):
+    index, decoder, context = _cached_setup(seed=2)
+    inputs = keras.Input((6,), dtype="int32")
+    outputs = ConstrainedBeamSearch(index, decoder, beam_size=5, num_results=3)(inputs)
+    model = keras.Model(inputs, outputs)
+    assert model.get_layer(index=1).trainable_weights  # the decoder trains
+    constraint_weights = model.get_layer(index=1).constraint.trainable_weights
+    assert constraint_weights == []
+    path = os.path.join(tmp_path, "search.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    for batch in (context[:1], context):
+        expected = model.predict(batch, verbose=0)
+        actual = loaded.predict(batch, verbose=0)
+        assert set(expected) == {"tokens", "scores", "item_ids"}
+        for key in expected:
+            np.testing.assert_array_equal(expected[key], actual[key])
+        assert expected["tokens"].shape == (len(batch), 3, 4)
+
+
+@pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="jit_compile is TF's")
+def test_eager_equals_xla_compiled_search():
+    import tensorflow as tf
+
+    index, decoder, context = _cached_setup(seed=3)
+    search = ConstrainedBeamSearch(index, decoder, beam_size=7, num_results=5)
+    eager = search(context)
+    compiled = tf.function(search, jit_compile=True)(tf.constant(context))
+    np.testing.assert_array_equal(np.asarray(eager["tokens"]), compiled["tokens"].numpy())
+    np.testing.assert_allclose(np.asarray(eager["scores"]), compiled["scores"].numpy(), atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(eager["item_ids"]), compiled["item_ids"].numpy())
+
+
+def test_unconstrained_search_is_plain_top_k():
+    table = _table(5, seed=4)
+    logits_of = _prefix_logits(ops.convert_to_tensor(table))
+    grid = np.stack(np.meshgrid(*[np.arange(5)] * 3, indexing="ij"), -1).reshape(-1, 3)
+    out = beam_search(None, lambda p, s: (logits_of(p), s), batch_size=1, beam_size=125, length=3)
+    expected_tokens, expected_scores = _exhaustive_ranking(grid, table)
+    np.testing.assert_array_equal(np.asarray(out["tokens"])[0], expected_tokens)
+    np.testing.assert_allclose(np.asarray(out["scores"])[0], expected_scores, atol=1e-5)
+
+
+def test_bad_arguments():
+    index = StaticIndex.build([[0, 1]], 2)
+
+    def step(p, s):
+        return ops.zeros((ops.shape(p)[0], 2)), s
+
+    with pytest.raises(ValueError, match="`beam_size` must be a positive integer"):
+        beam_search(index, step, 1, 0)
+    with pytest.raises(ValueError, match="`num_results` must be at most"):
+        beam_search(index, step, 1, 2, num_results=3)
+    with pytest.raises(ValueError, match="needs `length`"):
+        beam_search(None, step, 1, 2)
+    with pytest.raises(ValueError, match="`batch_size` must be a positive integer"):
+        beam_search(index, step, 0, 2)
+    with pytest.raises(ValueError, match="needs a `decoder`"):
+        ConstrainedBeamSearch(index, None)
+    with pytest.raises(ValueError, match="not both"):
+        ConstrainedBeamSearch(index, keras.layers.Identity(), length=2)
+
+
+_JAX_SCRIPT = textwrap.dedent(
+    """
+    import jax, numpy as np
+    from static_keras import StaticIndex, CachedTransformerDecoder, ConstrainedBeamSearch
+    import keras
+    rng = np.random.default_rng(0)
+    seqs = rng.integers(0, 9, size=(150, 4))
+    index = StaticIndex.build(seqs, 9, item_ids=np.arange(150), on_duplicate_item="first",
+                              dense_levels=2)
+    decoder = CachedTransformerDecoder(9, 4, context_vocab_size=20, hidden_dim=16)
+    search = ConstrainedBeamSearch(index, decoder, beam_size=6, num_results=4)
+    context = rng.integers(0, 20, size=(2, 5)).astype("int32")
+    eager = search(context)
+    jitted = jax.jit(lambda c: search(c))(context)
+    for key in ("tokens", "item_ids"):
+        assert np.array_equal(np.asarray(eager[key]), np.asarray(jitted[key])), key
+    tokens = np.asarray(eager["tokens"]).reshape(-1, 4)
+    assert index.contains(tokens).all()
+    assert np.array_equal(index.lookup_item_ids(tokens), np.asarray(eager["item_ids"]).reshape(-1))
+    print("jax ok")
+    """
+)
+
+
+def test_jax_backend():
+    pytest.importorskip("jax", reason="JAX is an optional backend (pip install .[jax])")
+    env = dict(os.environ, KERAS_BACKEND="jax")
+    result = subprocess.run(
+        [sys.executable, "-c", _JAX_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "jax ok" in result.stdout
