@@ -44,7 +44,11 @@ def beam_search(
     Args:
         index: `StaticIndex`, a `ConstrainedDecoding` layer holding one, or
             None for an unconstrained search (the baseline: plain top-k over
-            the vocabulary, `length` steps).
+            the vocabulary, `length` steps). Any object with an int `length`
+            and the method `candidates(log_probs, states, step, top_k)` of
+            `ConstrainedDecoding` also works (the benchmarks' baselines plug
+            in this way); item ids are returned when it has `item_ids(states)`
+            and `layout.has_item_ids`.
         step_fn: `step_fn(prefix, state) -> (logits, state)`. `prefix` is
             int32 `[R, t]` (the tokens so far), `logits` `[R, V]`, `state`
             any nest of tensors with leading dimension R.
@@ -92,10 +96,16 @@ def beam_search(
     else:
         if length is not None:
             raise ValueError("`length` is given by the index; pass length=None")
-        if isinstance(index, ConstrainedDecoding):
+        if isinstance(index, StaticIndex):
+            constraint = ConstrainedDecoding(index)
+        elif hasattr(index, "candidates") and hasattr(index, "length"):
             constraint = index
         else:
-            constraint = ConstrainedDecoding(index)
+            raise ValueError(
+                "`index` must be a StaticIndex, a ConstrainedDecoding layer, an "
+                "object with `length` and `candidates(log_probs, states, step, "
+                f"top_k)`, or None. Received: {type(index).__name__}"
+            )
         length = constraint.length
     beam_size = _positive_int(beam_size, "beam_size")
     num_results = beam_size if num_results is None else _positive_int(num_results, "num_results")
@@ -155,7 +165,8 @@ def beam_search(
         "tokens": ops.reshape(tokens, (-1, beam_size, length))[:, :num_results],
         "scores": ops.reshape(beam_scores, (-1, beam_size))[:, :num_results],
     }
-    if constraint is not None and constraint.layout.has_item_ids:
+    layout = getattr(constraint, "layout", None)
+    if getattr(layout, "has_item_ids", False):
         ids = constraint.item_ids(ops.where(live, beam_states, INVALID_STATE))
         result["item_ids"] = ops.reshape(ids, (-1, beam_size))[:, :num_results]
     return result

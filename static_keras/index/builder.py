@@ -88,7 +88,12 @@ def validate_item_ids(item_ids, num_sequences: int) -> np.ndarray:
         raise ValueError(f"`item_ids` must hold integers. Received dtype {array.dtype}")
     if array.dtype == np.uint64 and array.size and array.max() > np.iinfo(np.int64).max:
         raise ValueError("`item_ids` holds values that do not fit in int64")
-    return array.astype(np.int64, copy=False)
+    array = array.astype(np.int64, copy=False)
+    if array.size and array.min() < 0:
+        raise ValueError(
+            f"`item_ids` must be non-negative (-1 marks 'no item'). Received {int(array.min())}"
+        )
+    return array
 
 
 def _pack_words(seqs: np.ndarray, vocab_size: int) -> list[np.ndarray]:
@@ -108,7 +113,7 @@ def _pack_words(seqs: np.ndarray, vocab_size: int) -> list[np.ndarray]:
         word = np.zeros(n, dtype=np.uint64)
         for column in range(start, stop):
             word <<= np.uint64(bits)
-            word |= seqs[:, column]
+            word |= seqs[:, column].astype(np.uint64, copy=False)
         words.append(word)
         start = stop
     return words

@@ -59,6 +59,7 @@ def save(path, layout: IndexLayout, arrays: dict[str, np.ndarray]) -> None:
             np.savez(file, **payload)
             file.flush()
             os.fsync(file.fileno())
+        os.chmod(temporary, 0o644)  # mkstemp creates 0600; an index is shared
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):
@@ -71,11 +72,13 @@ def load(path) -> tuple[IndexLayout, dict[str, np.ndarray]]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"No index file at {path!r}")
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        # Open the file here so it is closed even when NumPy rejects it.
+        with open(path, "rb") as file, np.load(file, allow_pickle=False) as archive:
             arrays = {name: archive[name] for name in archive.files}
         raw = arrays.pop(_METADATA_KEY, None)
         document = None if raw is None else json.loads(raw.tobytes().decode())
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as error:
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, TypeError, AttributeError) as error:
+        # TypeError/AttributeError: a plain .npy, which is not an archive.
         # ValueError covers NumPy's header errors and corrupt JSON/UTF-8.
         raise ValueError(
             f"{path!r} is truncated or corrupt and cannot be read as an index "
@@ -92,7 +95,12 @@ def load(path) -> tuple[IndexLayout, dict[str, np.ndarray]]:
             f"{path!r} has index format version {version}; this static-keras "
             f"reads version {FORMAT_VERSION}. Rebuild the index with this version"
         )
-    layout = IndexLayout.from_config(document["layout"])
+    try:
+        layout = IndexLayout.from_config(document["layout"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(
+            f"{path!r} has an invalid index layout in its metadata ({error})"
+        ) from None
     expected = layout.array_shapes()
     if set(arrays) != set(expected):
         raise ValueError(

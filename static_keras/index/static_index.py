@@ -217,7 +217,9 @@ class StaticIndex:
                     dense = self._arrays["dense_states"]
                     state = np.where(ok, dense[np.where(ok, state, 0)], -1)
             else:
-                start, end = self._row_bounds(np.where(ok, state, 0), t)
+                # Rows that left the set look up the level's first state instead.
+                first = layout.tail_state_offsets[t]
+                start, end = self._row_bounds(np.where(ok, state, first), t)
                 edge = _search_rows(tokens, start, end, token)
                 ok &= edge >= 0
                 state = np.where(ok, edge + layout.level_sizes[layout.dense_levels], -1)

@@ -158,9 +158,13 @@ class CachedTransformerDecoder(keras.layers.Layer):
             query = self._heads(block["query"](h)[:, None])  # [R, heads, 1, d]
             key = self._heads(block["key"](h)[:, None])
             value = self._heads(block["value"](h)[:, None])
-            start = (0, 0, step, 0)
-            state[f"cache_key_{i}"] = ops.slice_update(state[f"cache_key_{i}"], start, key)
-            state[f"cache_value_{i}"] = ops.slice_update(state[f"cache_value_{i}"], start, value)
+            # Static slices, not ops.slice_update: on TensorFlow that lowers to
+            # XlaDynamicUpdateSlice, which a server with XLA off cannot run.
+            for name, new in ((f"cache_key_{i}", key), (f"cache_value_{i}", value)):
+                cache = state[name]
+                state[name] = ops.concatenate(
+                    [cache[:, :, :step], new, cache[:, :, step + 1 :]], axis=2
+                )
             keys = ops.concatenate(
                 [state[f"memory_key_{i}"], state[f"cache_key_{i}"][:, :, : step + 1]], axis=2
             )

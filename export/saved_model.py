@@ -1,0 +1,200 @@
+"""`export_saved_model`: a Keras decoding model plus its index as one SavedModel."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from static_keras.export.metadata import METADATA_FILENAME
+from static_keras.export.metadata import model_metadata
+from static_keras.export.warmup import WARMUP_FILENAME
+from static_keras.export.warmup import write_warmup_requests
+
+SIGNATURE = "serving_default"
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportInfo:
+    """What `export_saved_model` wrote."""
+
+    path: str
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    num_variables: int
+    variable_bytes: int
+    xla: bool
+    seconds: float
+
+
+class _ServingModule(tf.Module):
+    """Holds each model variable exactly once, under its Keras path.
+
+    Keras 3's `model.export` tracks variables through both the model object
+    and its own lists, so every variable lands in the checkpoint twice
+    (keras-team/keras#23553). This module tracks the underlying
+    `tf.Variable`s once and closes over the model in the serving function.
+    """
+
+    def __init__(self, model: keras.Model):
+        super().__init__(name="static_keras_serving")
+        self.model_variables = {
+            f"{i:04d}_{v.path.replace('/', '.')}": v.value for i, v in enumerate(model.variables)
+        }
+
+
+def _input_specs(model: keras.Model) -> list[tf.TensorSpec]:
+    specs = []
+    for tensor in model.inputs:
+        name = tensor.name
+        shape = (None,) + tuple(tensor.shape[1:])
+        if any(d is None for d in shape[1:]):
+            raise ValueError(
+                f"Model input {name!r} has shape {tensor.shape}: only the batch "
+                "dimension may be None in a served signature"
+            )
+        specs.append(tf.TensorSpec(shape, tf.as_dtype(tensor.dtype), name=name))
+    return specs
+
+
+def export_saved_model(
+    model: keras.Model,
+    path: str | os.PathLike,
+    *,
+    xla: bool = False,
+    warmup_batch_sizes: tuple[int, ...] = (1, 8),
+    warmup_inputs: dict[str, np.ndarray] | None = None,
+    model_name: str = "static_keras",
+    extra_metadata: dict | None = None,
+) -> ExportInfo:
+    """Writes `model` (decoder + index weights) as a SavedModel for TF Serving.
+
+    The model is a functional Keras model whose inputs are the decoder's
+    context features (named by their `keras.Input(name=...)`) and whose
+    output is a dict of named tensors, e.g. a `ConstrainedBeamSearch`:
+    `{"tokens", "scores", "item_ids"}`. The SavedModel has one signature,
+    `serving_default`, with those names and any batch size. Every variable
+    (decoder weights and index tensors) is stored once; index tensors are
+    variables, never constants, so the graph stays far below protobuf's 2 GB
+    limit and the server does not hold two copies.
+
+    With `xla=False` (the default) the function runs on a stock
+    `tensorflow_model_server`. With `xla=True` the function is saved with
+    `jit_compile=True`: the server must be started with
+    `--xla_cpu_compilation_enabled=true` (CPU) or
+    `--xla_gpu_compilation_enabled=true` (GPU, TF Serving 2.18+); otherwise
+    the version loads and then fails every request with "XLA compilation
+    disabled".
+
+    Warmup records (`assets.extra/tf_serving_warmup_requests`, one
+    PredictRequest per batch size in `warmup_batch_sizes`, at most 1000) make
+    the server trace each new version before it takes traffic, and reject a
+    version that cannot run. `assets/static_keras_index.json` records which
+    index the version holds (format version, counts, layout, checksum,
+    creation time).
+
+    The SavedModel is written to a temporary directory beside `path` and
+    renamed into place, so `path` never holds half a model. `path` must not
+    exist.
+
+    Args:
+        model: functional `keras.Model` with named inputs and a dict output.
+        path: directory to create.
+        xla: bool. Save a jit-compiled function. Defaults to False.
+        warmup_batch_sizes: batch sizes of the warmup requests (the sizes you
+            will serve). Defaults to (1, 8).
+        warmup_inputs: optional dict name -> array `[1, ...]` used as the
+            example row of the warmup requests. Defaults to zeros.
+        model_name: name in the warmup requests' model spec.
+        extra_metadata: optional JSON-able dict merged into the metadata.
+
+    Returns:
+        `ExportInfo`.
+    """
+    if keras.config.backend() != "tensorflow":
+        raise ValueError(
+            "SavedModel export needs the TensorFlow backend "
+            f"(KERAS_BACKEND=tensorflow); the current backend is {keras.config.backend()!r}"
+        )
+    if not isinstance(model, keras.Model) or not getattr(model, "inputs", None):
+        raise ValueError("`model` must be a functional keras.Model with named inputs")
+    path = os.fspath(path)
+    if os.path.exists(path):
+        raise ValueError(f"Export path {path!r} already exists; export never overwrites")
+    if not 1 <= len(warmup_batch_sizes) <= 1000:
+        raise ValueError("`warmup_batch_sizes` must hold 1 to 1000 batch sizes")
+
+    start = time.perf_counter()
+    specs = _input_specs(model)
+    input_names = [spec.name for spec in specs]
+    module = _ServingModule(model)
+
+    @tf.function(input_signature=specs, jit_compile=xla or None)
+    def serve(*inputs):
+        outputs = model(dict(zip(input_names, inputs)) if len(inputs) > 1 else inputs[0])
+        if not isinstance(outputs, dict):
+            raise ValueError(
+                "The model must return a dict of named outputs (e.g. tokens, scores, "
+                f"item_ids); it returned {type(outputs).__name__}"
+            )
+        return dict(outputs)
+
+    concrete = serve.get_concrete_function()
+    output_names = tuple(sorted(concrete.structured_outputs))
+    module.serve = serve
+
+    metadata = model_metadata(model)
+    metadata.update(
+        {
+            "created_unix": time.time(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "xla": bool(xla),
+            "inputs": {s.name: {"dtype": s.dtype.name, "shape": list(s.shape)} for s in specs},
+            "outputs": list(output_names),
+        }
+    )
+    if extra_metadata:
+        metadata.update(extra_metadata)
+
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".tmp-export-", dir=parent)
+    try:
+        metadata_file = os.path.join(staging, METADATA_FILENAME)
+        with open(metadata_file, "w") as file:
+            json.dump(metadata, file, indent=2, sort_keys=True)
+        module.index_metadata = tf.saved_model.Asset(metadata_file)
+        target = os.path.join(staging, "model")
+        tf.saved_model.save(module, target, signatures={SIGNATURE: concrete})
+        os.unlink(metadata_file)
+        examples = warmup_inputs or {
+            s.name: np.zeros([1, *s.shape[1:]], dtype=s.dtype.as_numpy_dtype) for s in specs
+        }
+        write_warmup_requests(
+            os.path.join(target, "assets.extra", WARMUP_FILENAME),
+            model_name=model_name,
+            signature_name=SIGNATURE,
+            examples=examples,
+            batch_sizes=warmup_batch_sizes,
+        )
+        os.replace(target, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+    variables = list(module.model_variables.values())
+    return ExportInfo(
+        path=path,
+        input_names=tuple(input_names),
+        output_names=output_names,
+        num_variables=len(variables),
+        variable_bytes=int(sum(v.shape.num_elements() * v.dtype.size for v in variables)),
+        xla=bool(xla),
+        seconds=time.perf_counter() - start,
+    )
