@@ -12,6 +12,7 @@ from static_keras.export.metadata import read_metadata
 from static_keras.export.publish import PublishInfo
 from static_keras.export.publish import list_versions
 from static_keras.export.publish import publish
+from static_keras.export.refresh import replace_index
 from static_keras.export.saved_model import ExportInfo
 from static_keras.export.saved_model import export_saved_model
 
@@ -26,4 +27,5 @@ __all__ = [
     "list_versions",
     "publish",
     "read_metadata",
+    "replace_index",
 ]

@@ -93,6 +93,132 @@ def _cmd_demo(args) -> None:
         raise SystemExit("demo failed: constrained decoding returned an invalid item")
 
 
+def _load_model(path: str):
+    import keras
+
+    import static_keras  # noqa: F401 (registers the layers for loading)
+
+    if not os.path.isfile(path):
+        raise UserError(f"no such model file: {path}")
+    return keras.saving.load_model(path)
+
+
+def _model_with_index(args):
+    from static_keras.export import replace_index
+    from static_keras.index.static_index import StaticIndex
+
+    model = _load_model(args.model)
+    if args.index:
+        model = replace_index(model, StaticIndex.load(args.index))
+    return model
+
+
+def _cmd_export(args) -> None:
+    from static_keras.export import export_saved_model
+
+    info = export_saved_model(
+        _model_with_index(args),
+        args.out,
+        xla=args.xla,
+        warmup_batch_sizes=tuple(args.warmup_batch_sizes),
+        model_name=args.model_name,
+    )
+    print(
+        f"exported {info.path} in {info.seconds:.1f} s: inputs {list(info.input_names)}, "
+        f"outputs {list(info.output_names)}, {info.num_variables} variables, "
+        f"{info.variable_bytes:,} bytes"
+    )
+
+
+def _cmd_publish(args) -> None:
+    from static_keras.export import publish
+
+    info = publish(
+        _model_with_index(args),
+        args.model_base_path,
+        version=args.version,
+        keep=args.keep,
+        xla=args.xla,
+        warmup_batch_sizes=tuple(args.warmup_batch_sizes),
+        model_name=args.model_name,
+    )
+    removed = f", removed {list(info.removed_versions)}" if info.removed_versions else ""
+    print(f"published version {info.version} at {info.path} in {info.seconds:.1f} s{removed}")
+
+
+def _cmd_serve_dev(args) -> None:
+    import signal
+    import threading
+
+    from static_keras.serving import ServedModel
+    from static_keras.serving import read_models_config
+    from static_keras.serving.dev_server import DevServer
+
+    if args.model_config_file:
+        models = read_models_config(args.model_config_file)
+    elif args.model_base_path:
+        models = [ServedModel(args.model_name, args.model_base_path)]
+    else:
+        raise UserError("pass --model_base_path (with --model_name) or --model_config_file")
+    server = DevServer(
+        models,
+        grpc_port=args.port,
+        rest_port=args.rest_api_port,
+        poll_seconds=args.file_system_poll_wait_seconds,
+        xla_enabled=args.xla_cpu_compilation_enabled,
+    ).start()
+    print(
+        f"development server (not for production): gRPC {server.grpc_address}, "
+        f"REST {server.rest_url}",
+        flush=True,
+    )
+    for model in models:
+        for version, state, error in server.manager(model.name).status(None, None):
+            print(f"  {model.name} version {version}: {state} {error}".rstrip(), flush=True)
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    try:
+        stopped.wait(args.run_seconds) if args.run_seconds else stopped.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+def _parse_input(text: str):
+    import numpy as np
+
+    name, _, values = text.partition("=")
+    if not name or not values:
+        raise UserError(f"--input must look like NAME=1,2,3[;4,5,6], got {text!r}")
+    try:
+        rows = [[int(v) for v in row.split(",")] for row in values.split(";")]
+        return name, np.asarray(rows, dtype=np.int32)
+    except ValueError:
+        raise UserError(
+            f"--input {name}: rows of comma-separated integers, got {values!r}"
+        ) from None
+
+
+def _cmd_query(args) -> None:
+    import numpy as np
+
+    from static_keras.serving import GrpcClient
+    from static_keras.serving import RestClient
+
+    inputs = dict(_parse_input(text) for text in args.input)
+    if bool(args.grpc) == bool(args.rest):
+        raise UserError("pass exactly one of --grpc HOST:PORT or --rest URL")
+    if args.grpc:
+        with GrpcClient(args.grpc, timeout=args.timeout) as client:
+            outputs = client.predict(args.model, inputs, version=args.version, label=args.label)
+    else:
+        client = RestClient(args.rest, timeout=args.timeout)
+        outputs = client.predict(args.model, inputs, version=args.version, label=args.label)
+    for name in sorted(outputs):
+        print(f"{name}: {np.asarray(outputs[name]).tolist()}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="static-keras",
@@ -128,6 +254,60 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", help="print an index file's statistics")
     inspect.add_argument("index", help="index file written by build-index or StaticIndex.save")
     inspect.set_defaults(run=_cmd_inspect)
+
+    def model_arguments(command):
+        command.add_argument("model", help=".keras model holding a ConstrainedBeamSearch")
+        command.add_argument(
+            "--index", help="index file to decode over instead (an index-only refresh)"
+        )
+        command.add_argument("--xla", action="store_true", help="save jit-compiled functions")
+        command.add_argument(
+            "--warmup-batch-sizes", type=int, nargs="+", default=[1, 8],
+            help="batch sizes of the warmup requests (default 1 8)",
+        )  # fmt: skip
+        command.add_argument("--model-name", default="static_keras", help="name in warmup requests")
+
+    export = commands.add_parser("export", help="write a SavedModel for TF Serving")
+    model_arguments(export)
+    export.add_argument("--out", required=True, help="directory to create")
+    export.set_defaults(run=_cmd_export)
+
+    publish = commands.add_parser(
+        "publish", help="export atomically as a new version under a model base path"
+    )
+    model_arguments(publish)
+    publish.add_argument("--model-base-path", required=True, help="directory TF Serving polls")
+    publish.add_argument("--version", type=int, help="version number (default: newest + 1)")
+    publish.add_argument("--keep", type=int, default=3, help="versions to keep (default 3)")
+    publish.set_defaults(run=_cmd_publish)
+
+    serve = commands.add_parser(
+        "serve-dev",
+        help="development TF Serving stand-in (production: tensorflow_model_server)",
+        description="A development server for local use and tests, with the flag names of "
+        "tensorflow_model_server. Production runs tensorflow_model_server (docs/serving.md).",
+    )
+    serve.add_argument("--port", type=int, default=8500, help="gRPC port (default 8500)")
+    serve.add_argument("--rest_api_port", type=int, default=8501, help="REST port (default 8501)")
+    serve.add_argument("--model_name", default="default", help="model name (default 'default')")
+    serve.add_argument("--model_base_path", help="directory of integer version directories")
+    serve.add_argument("--model_config_file", help="models.config (labels, specific versions)")
+    serve.add_argument("--file_system_poll_wait_seconds", type=float, default=1.0)
+    serve.add_argument("--xla_cpu_compilation_enabled", action="store_true")
+    serve.add_argument("--run-seconds", type=float, help="stop after this long (default: never)")
+    serve.set_defaults(run=_cmd_serve_dev)
+
+    query = commands.add_parser("query", help="send one Predict request to a server")
+    query.add_argument("--model", required=True, help="model name")
+    query.add_argument("--grpc", help="gRPC address HOST:PORT")
+    query.add_argument("--rest", help="REST base URL, e.g. http://127.0.0.1:8501")
+    query.add_argument(
+        "--input", action="append", required=True, help="NAME=1,2,3;4,5,6 (rows split by ';')"
+    )
+    query.add_argument("--version", type=int, help="model version")
+    query.add_argument("--label", help="version label")
+    query.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+    query.set_defaults(run=_cmd_query)
     return parser
 
 
@@ -135,7 +315,11 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.run(args)
-    except (UserError, ValueError, FileNotFoundError) as error:
+    except Exception as error:
+        from static_keras.serving.client import ServingError
+
+        if not isinstance(error, (UserError, ValueError, FileNotFoundError, ServingError)):
+            raise
         print(f"static-keras: error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -1,0 +1,51 @@
+"""TF Serving's own load path (tensorflow::LoadSavedModel, XLA off) in C++."""
+
+import numpy as np
+import pytest
+from conftest import histories
+
+from static_keras.export import export_saved_model
+from static_keras.serving.cc_loader import CcLoaderError
+from static_keras.serving.cc_loader import build_runner
+from static_keras.serving.cc_loader import compiler
+from static_keras.serving.cc_loader import run_saved_model
+
+pytestmark = pytest.mark.skipif(compiler() is None, reason="needs a C++ compiler (g++)")
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    return build_runner(str(tmp_path_factory.mktemp("cc")))
+
+
+def test_cc_loader_matches_python(small_model, runner, tmp_path):
+    index, model = small_model
+    export_saved_model(model, tmp_path / "model")
+    for batch in (histories(1, seed=5), histories(3, seed=6)):
+        result = run_saved_model(tmp_path / "model", {"history": batch}, binary=runner)
+        expected = model.predict(batch, verbose=0)
+        assert set(result.outputs) == {"tokens", "scores", "item_ids"}
+        for name, value in expected.items():
+            assert result.outputs[name].dtype == value.dtype
+            np.testing.assert_array_equal(result.outputs[name], value)
+        assert index.contains(result.outputs["tokens"].reshape(-1, index.length)).all()
+        assert result.load_ms > 0
+
+
+def test_xla_export_fails_with_xla_disabled_and_runs_with_it(small_model, runner, tmp_path):
+    _, model = small_model
+    export_saved_model(model, tmp_path / "xla", xla=True)
+    batch = histories(2, seed=7)
+    with pytest.raises(CcLoaderError, match="XLA compilation disabled"):
+        run_saved_model(tmp_path / "xla", {"history": batch}, binary=runner, xla=False)
+    result = run_saved_model(tmp_path / "xla", {"history": batch}, binary=runner, xla=True)
+    expected = model.predict(batch, verbose=0)
+    np.testing.assert_array_equal(result.outputs["tokens"], expected["tokens"])
+    np.testing.assert_allclose(result.outputs["scores"], expected["scores"], rtol=1e-5)
+
+
+def test_cc_loader_reports_bad_input(small_model, runner, tmp_path):
+    _, model = small_model
+    export_saved_model(model, tmp_path / "model")
+    with pytest.raises(CcLoaderError, match="not in signature"):
+        run_saved_model(tmp_path / "model", {"wrong": histories(1)}, binary=runner)

@@ -1,0 +1,106 @@
+"""The `static-keras` command line: happy paths and one-line user errors."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import make_index
+
+from static_keras import StaticIndex
+from static_keras.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_build_index_and_inspect(capsys, tmp_path):
+    rows = np.random.default_rng(0).integers(0, 64, size=(500, 3))
+    np.save(tmp_path / "ids.npy", rows)
+    np.savetxt(tmp_path / "items.csv", np.arange(500)[:, None], fmt="%d", delimiter=",")
+    code, out, _ = run(
+        capsys, "build-index", str(tmp_path / "ids.npy"), "--vocab-size", "64",
+        "--out", str(tmp_path / "index.npz"), "--item-ids", str(tmp_path / "items.csv"),
+        "--on-duplicate-item", "first",
+    )  # fmt: skip
+    assert code == 0 and "step_widths" in out
+    index = StaticIndex.load(tmp_path / "index.npz")
+    assert index.contains(rows).all() and index.has_item_ids
+    code, out, _ = run(capsys, "inspect", str(tmp_path / "index.npz"))
+    assert code == 0
+    assert re.search(rf"sequences\s+{index.num_sequences:,}", out)
+    assert index.checksum in out
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["inspect", "missing.npz"], "No index file"),
+        (["build-index", "missing.npy", "--vocab-size", "4", "--out", "x.npz"], "no such file"),
+        (["build-index", "ids.npy", "--vocab-size", "8", "--out", "x.npz"], "out of range"),
+        (["build-index", "ids.txt", "--vocab-size", "8", "--out", "x.npz"], "unsupported input"),
+        (["inspect", "ids.npy"], "truncated or corrupt"),
+        (["export", "missing.keras", "--out", "m"], "no such model file"),
+        (["serve-dev", "--port", "0"], "--model_base_path"),
+        (["query", "--model", "m", "--input", "x=1,2"], "exactly one of --grpc"),
+        (["query", "--model", "m", "--grpc", "h:1", "--input", "x"], "--input must look like"),
+    ],
+)
+def test_user_errors_are_one_line(capsys, tmp_path, argv, message, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    np.save(tmp_path / "ids.npy", np.array([[1, 9], [2, 3]]))
+    (tmp_path / "ids.txt").write_text("1,2\n")
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_export_publish_serve_and_query(capsys, tmp_path):
+    index = make_index(1)
+    from conftest import histories
+    from conftest import make_model
+
+    model = make_model(index)
+    model.save(tmp_path / "model.keras")
+    fresh = make_index(2, n=120)
+    fresh.save(tmp_path / "fresh.npz")
+    code, out, _ = run(capsys, "export", str(tmp_path / "model.keras"), "--out",
+                       str(tmp_path / "exported"))  # fmt: skip
+    assert code == 0 and "['item_ids', 'scores', 'tokens']" in out
+    base = str(tmp_path / "recs")
+    assert run(capsys, "publish", str(tmp_path / "model.keras"), "--model-base-path", base)[0] == 0
+    code, out, _ = run(capsys, "publish", str(tmp_path / "model.keras"), "--model-base-path",
+                       base, "--index", str(tmp_path / "fresh.npz"))  # fmt: skip
+    assert code == 0 and "published version 2" in out
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "static_keras.cli", "serve-dev", "--port", "0",
+         "--rest_api_port", "0", "--model_name", "recs", "--model_base_path", base,
+         "--run-seconds", "120"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        line = server.stdout.readline()
+        grpc_address = re.search(r"gRPC (\S+),", line).group(1)
+        rest_url = re.search(r"REST (\S+)", line).group(1)
+        row = ",".join(map(str, histories(1)[0]))
+        for flag, address in (("--grpc", grpc_address), ("--rest", rest_url)):
+            code, out, err = run(capsys, "query", "--model", "recs", flag, address,
+                                 "--input", f"history={row}")  # fmt: skip
+            assert code == 0, err
+            tokens = np.array(json.loads(re.search(r"tokens: (.*)", out).group(1)))
+            assert fresh.contains(tokens.reshape(-1, 4)).all()
+        code, _, err = run(capsys, "query", "--model", "recs", "--grpc", grpc_address,
+                           "--input", f"history={row}", "--version", "1")  # fmt: skip
+        assert code == 2 and "NOT_FOUND" in err
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        server.stdout.close()
+    assert sorted(os.listdir(base)) == ["1", "2"]
