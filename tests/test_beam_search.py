@@ -280,3 +280,75 @@ def test_jax_backend():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "jax ok" in result.stdout
+
+
+class _DenseAutomaton:
+    """A toy variable-length constraint: a dense [states, V] transition table.
+
+    Members are token sequences ending with EOS; used to test the beam search's
+    EOS handling independently of any index type.
+    """
+
+    def __init__(self, members, vocab, eos, max_length):
+        table = {(): 0}
+        for member in members:
+            for t in range(1, len(member) + 1):
+                table.setdefault(tuple(member[:t]), len(table))
+        transitions = np.full((len(table), vocab), -1, np.int32)
+        for prefix, state in table.items():
+            if prefix:
+                transitions[table[prefix[:-1]], prefix[-1]] = state
+        self.transitions = ops.convert_to_tensor(transitions)
+        self.vocab, self.eos_token_id, self.length = vocab, eos, max_length
+
+    def candidates(self, log_probs, states, step, top_k=None):
+        safe = ops.maximum(states, 0)
+        nxt = ops.take(self.transitions, safe, axis=0)  # [R, V]
+        ok = ops.logical_and(ops.greater_equal(nxt, 0), ops.expand_dims(states >= 0, 1))
+        scores, tokens = ops.top_k(ops.where(ok, log_probs, -np.inf), self.vocab)
+        nxt = ops.take_along_axis(nxt, tokens, axis=1)
+        valid = ops.greater(scores, -np.inf)
+        return (
+            scores,
+            ops.where(valid, ops.cast(tokens, "int32"), -1),
+            ops.where(valid, nxt, -1),
+        )
+
+
+def test_eos_constraint_ranks_variable_length_members_exactly():
+    vocab, eos = 6, 5
+    members = [[1, eos], [1, 2, eos], [1, 2, 3, 4, eos], [0, 0, eos], [3, eos], [2, 2, 2, eos]]
+    automaton = _DenseAutomaton(members, vocab, eos, max_length=5)
+    table = _table(vocab, seed=7)
+    logits_of = _prefix_logits(ops.convert_to_tensor(table))
+    out = beam_search(automaton, lambda p, s: (logits_of(p), s), batch_size=2, beam_size=8)
+    padded = np.full((len(members), 5), -1)
+    for i, member in enumerate(members):
+        padded[i, : len(member)] = member
+    weights = np.array([31, 17, 13, 7, 5, 3, 2, 11])
+    log_probs = table - table.max(1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(1, keepdims=True))
+    expected = []
+    for member in members:
+        total = np.float32(0)
+        for t, token in enumerate(member):
+            code = int((np.array(member[:t], dtype=int) * weights[:t]).sum()) + 29 * t
+            total += log_probs[code % _TABLE_ROWS, token]
+        expected.append(total)
+    order = np.argsort(-np.array(expected), kind="stable")
+    tokens, scores = np.asarray(out["tokens"]), np.asarray(out["scores"])
+    for b in range(2):
+        np.testing.assert_array_equal(tokens[b, : len(members)], padded[order])
+        np.testing.assert_allclose(scores[b, : len(members)], np.array(expected)[order], atol=1e-5)
+        assert np.all(tokens[b, len(members) :] == -1)
+        assert np.all(np.isneginf(scores[b, len(members) :]))
+
+
+def test_eos_beams_that_run_out_of_steps_are_dropped():
+    vocab, eos = 4, 3
+    members = [[0, 0, 0, 0, eos], [1, eos]]
+    automaton = _DenseAutomaton(members, vocab, eos, max_length=3)  # the long one never ends
+    out = beam_search(
+        automaton, lambda p, s: (ops.zeros((ops.shape(p)[0], vocab)), s), 1, beam_size=4
+    )
+    assert np.asarray(out["tokens"])[0].tolist() == [[1, 3, -1]] + [[-1, -1, -1]] * 3

@@ -48,7 +48,11 @@ def beam_search(
             and the method `candidates(log_probs, states, step, top_k)` of
             `ConstrainedDecoding` also works (the benchmarks' baselines plug
             in this way); item ids are returned when it has `item_ids(states)`
-            and `layout.has_item_ids`.
+            and `layout.has_item_ids`. A constraint with an int
+            `eos_token_id` decodes variable-length sequences: a beam ends
+            when it emits that token (later positions are -1) and only ended
+            beams are returned. An index type with a `constraint_layer()`
+            method is turned into its layer.
         step_fn: `step_fn(prefix, state) -> (logits, state)`. `prefix` is
             int32 `[R, t]` (the tokens so far), `logits` `[R, V]`, `state`
             any nest of tensors with leading dimension R.
@@ -98,6 +102,8 @@ def beam_search(
             raise ValueError("`length` is given by the index; pass length=None")
         if isinstance(index, StaticIndex):
             constraint = ConstrainedDecoding(index)
+        elif hasattr(index, "constraint_layer"):  # another index type, e.g. strings
+            constraint = index.constraint_layer()
         elif hasattr(index, "candidates") and hasattr(index, "length"):
             constraint = index
         else:
@@ -129,6 +135,10 @@ def beam_search(
     prefix = ops.zeros((rows, 0), dtype="int32")
     batch_base = ops.expand_dims(ops.arange(batch_size, dtype="int32") * beam_size, 1)
     state = initial_state
+    # Variable-length sets (strings) end with EOS: a finished beam keeps its
+    # score and proposes only itself (token -1) at every later step.
+    eos = getattr(constraint, "eos_token_id", None)
+    finished = ops.zeros((rows,), dtype="bool")
 
     for step in range(length):
         logits, state = step_fn(prefix, state)
@@ -142,6 +152,12 @@ def beam_search(
                 log_probs, beam_states, step, top_k=dense_top_k
             )
         width = ops.shape(scores)[1]
+        if eos is not None:
+            done = ops.expand_dims(finished, 1)
+            itself = ops.where(ops.equal(ops.arange(width), 0), 0.0, -np.inf)[None, :]
+            scores = ops.where(done, itself, scores)
+            tokens = ops.where(done, PAD_TOKEN, tokens)
+            next_states = ops.where(done, ops.expand_dims(beam_states, 1), next_states)
         total = ops.reshape(ops.expand_dims(beam_scores, 1) + scores, (-1, beam_size * width))
         beam_scores, choice = ops.top_k(total, beam_size, sorted=True)  # [B, M]
         choice = ops.cast(choice, "int32")
@@ -156,9 +172,20 @@ def beam_search(
         prefix = ops.concatenate(
             [ops.take(prefix, parent, axis=0), ops.expand_dims(token, 1)], axis=1
         )
+        if eos is not None:
+            ended = ops.logical_or(ops.take(finished, parent), ops.equal(token, eos))
+            finished = ops.logical_and(live, ended)
         if step + 1 < length and state is not None:
             state = keras.tree.map_structure(lambda x: ops.take(x, parent, axis=0), state)
 
+    if eos is not None:
+        # Only beams that emitted EOS are members; the others ran out of steps.
+        beam_scores = ops.where(finished, beam_scores, -np.inf)
+        beam_scores, order = ops.top_k(ops.reshape(beam_scores, (-1, beam_size)), beam_size)
+        order = ops.reshape(batch_base + ops.cast(order, "int32"), (-1,))
+        beam_scores = ops.reshape(beam_scores, (-1,))
+        prefix = ops.take(prefix, order, axis=0)
+        beam_states = ops.take(beam_states, order)
     live = ops.greater(beam_scores, -np.inf)
     tokens = ops.where(ops.expand_dims(live, 1), prefix, PAD_TOKEN)
     result = {

@@ -86,7 +86,10 @@ class ConstrainedBeamSearch(keras.layers.Layer):
                 f"Received: num_results={num_results!r}"
             )
         if constraint is None and index is not None:
-            constraint = ConstrainedDecoding(index, name="constraint")
+            if hasattr(index, "constraint_layer"):  # another index type, e.g. strings
+                constraint = index.constraint_layer(name="constraint")
+            else:
+                constraint = ConstrainedDecoding(index, name="constraint")
         elif constraint is not None and index is not None:
             constraint.set_index(index)
         if (constraint is None) == (length is None):
