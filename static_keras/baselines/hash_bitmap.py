@@ -119,8 +119,8 @@ class HashBitmap:
         low = (low * _ROLL[1] + tokens) % _PRIME
         found = ops.expand_dims(valid, 1)
         for position in self._positions(high, low, step):
-            word = ops.take(self._words, position // 32)
-            shift = ops.cast(position % 32, "int32")
+            word = ops.take(self._words, ops.right_shift(position, 5))
+            shift = ops.cast(ops.bitwise_and(position, 31), "int32")
             bit = ops.bitwise_and(ops.right_shift(word, shift), 1)
             found = ops.logical_and(found, ops.equal(bit, 1))
         masked = ops.where(found, log_probs, -np.inf)
@@ -137,10 +137,17 @@ class HashBitmap:
 
         Works on tensors and on NumPy int64 arrays alike (the host build).
         """
+        where = np.where if isinstance(high, np.ndarray) else ops.where
+        size = self.num_bits
         mixes = [(high * c + low * d + (step + 1) * e) % _PRIME for c, d, e in _MIX]
-        first = (mixes[0] * 2**31 + mixes[1]) % self.num_bits
-        stride = mixes[2] % (self.num_bits - 1) + 1
-        return [(first + i * stride) % self.num_bits for i in range(self.num_hashes)]
+        position = (mixes[0] * 2**31 + mixes[1]) % size
+        stride = mixes[2] % (size - 1) + 1  # double hashing: position + i * stride mod size
+        positions = [position]
+        for _ in range(self.num_hashes - 1):
+            position = position + stride
+            position = where(position >= size, position - size, position)
+            positions.append(position)
+        return positions
 
     # Host --------------------------------------------------------------------
 

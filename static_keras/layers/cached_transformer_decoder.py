@@ -21,7 +21,8 @@ class CachedTransformerDecoder(keras.layers.Layer):
     inherits another beam's prefix must inherit its cache too.
 
     `full_logits(context, prefix)` recomputes the same logits from scratch
-    (no cache): tests compare the two.
+    (no cache): tests compare the two. `sequence_logits(context, prefix)`
+    scores every position in one causal pass: the training path.
 
     Args:
         vocab_size: int. Output tokens, V.
@@ -185,8 +186,16 @@ class CachedTransformerDecoder(keras.layers.Layer):
     def full_logits(self, context, prefix):
         """Logits after `prefix [R, t]`, recomputed without a cache (reference).
 
-        Runs causal attention over the whole prefix in one pass, as training
-        would; `call` must agree with it at every step.
+        `call` must agree with it at every step.
+        """
+        return self.sequence_logits(context, prefix)[:, -1]
+
+    def sequence_logits(self, context, prefix):
+        """Teacher forcing: logits `[R, t + 1, V]` for every position at once.
+
+        Position i scores the token that follows `prefix[:, :i]` (BOS first),
+        with causal attention over the whole prefix in one pass: the training
+        path. `sequence_logits(context, targets[:, :-1])` scores `targets`.
         """
         self.build()
         context = ops.cast(context, "int32")
@@ -216,7 +225,7 @@ class CachedTransformerDecoder(keras.layers.Layer):
             attended = ops.reshape(ops.transpose(attended, (0, 2, 1, 3)), (rows, steps, -1))
             x = x + block["output"](attended)
             x = x + block["ffn_out"](block["ffn_in"](block["norm2"](x)))
-        return self.head(self.final_norm(x[:, -1]))
+        return self.head(self.final_norm(x))
 
     def _heads(self, x):
         """[R, S, D] -> [R, heads, S, head_dim]."""

@@ -1,0 +1,283 @@
+"""`static-keras demo`: generative retrieval with and without STATIC, end to end.
+
+1. A synthetic catalogue (topic-clustered embeddings, Zipf popularity, upload
+   times, categories, regions) and users with histories.
+2. Semantic IDs by residual k-means plus a disambiguation level (TIGER).
+3. A small Keras transformer decoder, trained with teacher forcing.
+4. Beam search on held-out users: unconstrained, constrained to the
+   catalogue, constrained to fresh items: validity, eligibility, Recall@10
+   and time per decoding step.
+5. Cold start: items uploaded after training; constrained to that pool the
+   decoder recalls them, unconstrained it practically never does.
+6. Serving: export + publish version 1, query the development server,
+   publish version 2 with a new freshness window (index-only refresh) while
+   requests flow, and check that no request failed and the answers changed.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+
+import keras
+import numpy as np
+
+from static_keras.decoding.constrained_beam_search import ConstrainedBeamSearch
+from static_keras.demo.report import write_report
+from static_keras.demo.world import make_users
+from static_keras.demo.world import make_world
+from static_keras.index.semantic_ids import disambiguate
+from static_keras.index.semantic_ids import fit_residual_kmeans
+from static_keras.index.static_index import StaticIndex
+from static_keras.layers.cached_transformer_decoder import CachedTransformerDecoder
+
+HISTORY = 8
+
+
+class DemoFailure(RuntimeError):
+    """An invariant the demo promises did not hold."""
+
+
+class _TeacherForcing(keras.layers.Layer):
+    """Training view of a step decoder: logits for every target position."""
+
+    def __init__(self, decoder, **kwargs):
+        super().__init__(**kwargs)
+        self.decoder = decoder
+
+    def call(self, history, targets):
+        return self.decoder.sequence_logits(history, targets[:, :-1])
+
+
+def _settings(quick: bool) -> dict:
+    if quick:
+        return dict(items=20_000, cold=1_000, train_users=12_000, test_users=256,
+                    epochs=3, levels=3, vocab=64, hidden=48, beam=20)  # fmt: skip
+    return dict(items=50_000, cold=2_000, train_users=40_000, test_users=512,
+                epochs=4, levels=3, vocab=64, hidden=64, beam=20)  # fmt: skip
+
+
+def run_demo(
+    out_dir: str = "static_keras_demo",
+    *,
+    quick: bool = False,
+    seed: int = 0,
+    fresh_days: tuple[int, int] = (60, 30),
+    serve: bool = True,
+    print_fn=print,
+) -> dict:
+    """Runs the demo, writes `out_dir/report.md` and plots, returns the numbers.
+
+    Raises:
+        DemoFailure: if constrained decoding returned an invalid or ineligible
+            item, or the hot swap failed a request.
+    """
+    cfg = _settings(quick)
+    keras.utils.set_random_seed(seed)
+    started = time.perf_counter()
+
+    # 1-2. World and semantic IDs -------------------------------------------------
+    world = make_world(cfg["items"], cfg["cold"], seed=seed)
+    catalogue = np.arange(world.num_catalogue)
+    rq = fit_residual_kmeans(
+        world.embeddings[catalogue], num_levels=cfg["levels"], vocab_size=cfg["vocab"], seed=seed
+    )
+    codes = rq.encode(world.embeddings)
+    sids = np.empty((world.num_items, cfg["levels"] + 1), dtype=np.int32)
+    sids[catalogue] = disambiguate(codes[catalogue])
+    # Cold items continue each code's collision counter.
+    cold = np.arange(world.num_catalogue, world.num_items)
+    taken = {tuple(row): 0 for row in codes[catalogue]}
+    for row in codes[catalogue]:
+        taken[tuple(row)] += 1
+    start = np.array([taken.get(tuple(row), 0) for row in codes[cold]])
+    sids[cold] = disambiguate(codes[cold], start=start)
+    vocab = int(max(cfg["vocab"], sids.max() + 1))
+    length = sids.shape[1]
+    ids = world.item_ids(np.arange(world.num_items))
+
+    def index_of(rows):
+        return StaticIndex.build(sids[rows], vocab, item_ids=ids[rows])
+
+    build_start = time.perf_counter()
+    catalogue_index = index_of(catalogue)
+    build_ms = 1e3 * (time.perf_counter() - build_start)
+    fresh = catalogue[world.days_ago[catalogue] < fresh_days[0]]
+    fresh_index = index_of(fresh)
+    print_fn(f"catalogue: {world.num_catalogue:,} items, semantic IDs {length} x {vocab} codes; "
+             f"{catalogue_index}")  # fmt: skip
+
+    # 3. Train the decoder ----------------------------------------------------------
+    histories, targets = make_users(world, cfg["train_users"], HISTORY, seed=seed + 1)
+    decoder = CachedTransformerDecoder(
+        vocab, length, context_vocab_size=world.num_items + 1, hidden_dim=cfg["hidden"],
+        num_heads=4, num_layers=2,
+    )  # fmt: skip
+    decoder.build()  # its variables are named after the decoder, not the trainer
+    history_in = keras.Input((HISTORY,), dtype="int32", name="history")
+    target_in = keras.Input((length,), dtype="int32", name="target")
+    trainer = keras.Model(
+        [history_in, target_in],
+        _TeacherForcing(decoder, name="teacher_forcing")(history_in, target_in),
+    )
+    trainer.compile(
+        optimizer=keras.optimizers.Adam(2e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    train_start = time.perf_counter()
+    trainer.fit(
+        [histories, sids[targets]], sids[targets], batch_size=256, epochs=cfg["epochs"], verbose=1
+    )
+    train_seconds = time.perf_counter() - train_start
+
+    # 4. Decode held-out users ------------------------------------------------------
+    test_histories, test_targets = make_users(world, cfg["test_users"], HISTORY, seed=seed + 2)
+    beam = cfg["beam"]
+
+    def search_model(index):
+        layer = (
+            ConstrainedBeamSearch(index, decoder, beam_size=beam, num_results=10)
+            if index is not None
+            else ConstrainedBeamSearch(None, decoder, beam_size=beam, num_results=10, length=length)
+        )
+        return keras.Model(history_in, layer(history_in))
+
+    def decode(model, inputs):
+        model.predict(inputs[:128], batch_size=128, verbose=0)  # trace, compile, warm up
+        begin = time.perf_counter()
+        out = model.predict(inputs, batch_size=128, verbose=0)
+        batches = -(-len(inputs) // 128)
+        return out, 1e3 * (time.perf_counter() - begin) / (batches * length)
+
+    eligible_ids = set(ids[fresh].tolist())
+    rows = []
+    for name, index in (
+        ("unconstrained", None),
+        ("constrained: catalogue", catalogue_index),
+        (f"constrained: fresh < {fresh_days[0]} d", fresh_index),
+    ):
+        out, ms_per_step = decode(search_model(index), test_histories)
+        tokens = out["tokens"].reshape(-1, length)
+        returned = tokens[:, 0] >= 0
+        item_ids = catalogue_index.lookup_item_ids(tokens)
+        if index is not None and not np.array_equal(
+            out["item_ids"].reshape(-1)[returned], item_ids[returned]
+        ):
+            raise DemoFailure(f"{name}: item ids disagree with the index")
+        valid = item_ids[returned] >= 0
+        eligible = np.isin(item_ids[returned], list(eligible_ids))
+        hits = (item_ids.reshape(-1, 10) == ids[test_targets][:, None]).any(1)
+        fresh_target = np.isin(ids[test_targets], list(eligible_ids))
+        rows.append(
+            dict(name=name, valid=float(valid.mean()), eligible=float(eligible.mean()),
+                 recall_at_10=float(hits.mean()),
+                 recall_at_10_fresh_targets=float(hits[fresh_target].mean()),
+                 ms_per_step=ms_per_step)
+        )  # fmt: skip
+    print_fn("")
+    print_fn(f"{'decoding':<28}{'valid':>8}{'eligible':>10}{'Recall@10':>11}"
+             f"{'R@10 fresh':>12}{'ms/step':>9}")  # fmt: skip
+    for row in rows:
+        print_fn(f"{row['name']:<28}{row['valid']:>8.1%}{row['eligible']:>10.1%}"
+                 f"{row['recall_at_10']:>11.1%}{row['recall_at_10_fresh_targets']:>12.1%}"
+                 f"{row['ms_per_step']:>9.2f}")  # fmt: skip
+    print_fn(f"(R@10 fresh: users whose next item is fresh, {fresh_target.mean():.0%} of them)")
+    if rows[1]["valid"] != 1.0 or rows[2]["valid"] != 1.0 or rows[2]["eligible"] != 1.0:
+        raise DemoFailure("constrained decoding returned an invalid or ineligible item")
+
+    # 5. Cold start -----------------------------------------------------------------
+    cold_histories, cold_targets = make_users(
+        world, 4 * cfg["test_users"], HISTORY, cold_targets=True, seed=seed + 3
+    )
+    everything = index_of(np.arange(world.num_items))
+    free, _ = decode(search_model(None), cold_histories)
+    free_top1 = everything.lookup_item_ids(free["tokens"][:, 0])
+    pool, _ = decode(search_model(index_of(cold)), cold_histories)
+    cold_start = dict(
+        items=len(cold),
+        users=len(cold_targets),
+        unconstrained_recall_at_1=float((free_top1 == ids[cold_targets]).mean()),
+        constrained_recall_at_1=float((pool["item_ids"][:, 0] == ids[cold_targets]).mean()),
+    )
+    print_fn(f"\ncold start ({len(cold):,} new items): Recall@1 unconstrained "
+             f"{cold_start['unconstrained_recall_at_1']:.1%}, constrained to the pool "
+             f"{cold_start['constrained_recall_at_1']:.1%}")  # fmt: skip
+
+    results = dict(
+        num_items=world.num_catalogue, length=length, vocab_size=vocab,
+        index_bytes=catalogue_index.nbytes, build_ms=build_ms,
+        decoder_parameters=int(sum(np.prod(w.shape) for w in decoder.weights)),
+        train_seconds=train_seconds, epochs=cfg["epochs"], test_users=cfg["test_users"],
+        beam_size=beam, decoding=rows, cold_start=cold_start,
+    )  # fmt: skip
+
+    # 6. Serve and hot-swap ---------------------------------------------------------
+    if serve:
+        days = fresh_days[1]
+        newer = catalogue[world.days_ago[catalogue] < days]
+        results["hot_swap"] = _serve_and_swap(
+            search_model(fresh_index), index_of(newer), test_histories[:16],
+            fresh_days, set(ids[newer].tolist()), print_fn,
+        )  # fmt: skip
+
+    files = write_report(out_dir, results)
+    results["seconds"] = time.perf_counter() - started
+    print_fn(f"\nwrote {', '.join(os.path.join(out_dir, f) for f in files)} "
+             f"({results['seconds']:.0f} s in all)")  # fmt: skip
+    return results
+
+
+def _serve_and_swap(model, newer_index, histories, fresh_days, newer_ids, print_fn) -> dict:
+    from static_keras.export import publish
+    from static_keras.export import replace_index
+    from static_keras.serving import GrpcClient
+    from static_keras.serving import ServedModel
+    from static_keras.serving import ServingError
+    from static_keras.serving.dev_server import DevServer
+
+    with tempfile.TemporaryDirectory() as base:
+        first = publish(model, base, warmup_batch_sizes=(len(histories),), model_name="recs")
+        print_fn(f"\npublished version {first.version} (fresh < {fresh_days[0]} d) "
+                 f"in {first.seconds:.1f} s")  # fmt: skip
+        answers, failures, stop = [], [], threading.Event()
+        with DevServer([ServedModel("recs", base)], poll_seconds=0.2) as server:
+            client = GrpcClient(server.grpc_address, timeout=60)
+            before = client.predict("recs", {"history": histories})
+
+            def load():
+                deadline = time.monotonic() + 120
+                while not stop.is_set() and time.monotonic() < deadline:
+                    try:
+                        answers.append(client.predict("recs", {"history": histories}))
+                    except ServingError as error:
+                        failures.append(str(error))
+
+            worker = threading.Thread(target=load)
+            worker.start()
+            second = publish(
+                replace_index(model, newer_index), base,
+                warmup_batch_sizes=(len(histories),), model_name="recs",
+            )  # fmt: skip
+            server.wait_for_version("recs", second.version)
+            after = client.predict("recs", {"history": histories})
+            stop.set()
+            worker.join()
+            client.close()
+        versions = {answer["model_version"] for answer in answers} | {
+            before["model_version"],
+            after["model_version"],
+        }
+        changed = float(np.mean(np.any(before["item_ids"] != after["item_ids"], axis=1)))
+        returned = after["item_ids"][after["item_ids"] >= 0]
+        swap = dict(v1_days=fresh_days[0], v2_days=fresh_days[1], requests=len(answers),
+                    failures=len(failures), versions=sorted(versions), changed_share=changed)  # fmt: skip
+        print_fn(f"published version {second.version} (fresh < {fresh_days[1]} d) under load: "
+                 f"{len(answers)} requests, {len(failures)} failed, versions served "
+                 f"{sorted(versions)}; answers changed for {changed:.0%} of users")  # fmt: skip
+        if failures or versions != {1, 2}:
+            raise DemoFailure(f"hot swap failed: {failures[:3]} versions {sorted(versions)}")
+        if not set(returned.tolist()) <= newer_ids:
+            raise DemoFailure("version 2 returned items outside its freshness window")
+    return swap
