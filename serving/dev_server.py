@@ -246,6 +246,9 @@ class DevServer:
         host: str. Defaults to "127.0.0.1".
         poll_seconds: float. How often base paths are polled. Defaults to 1.
         xla_enabled: bool. Accept versions that need XLA. Defaults to False.
+        config_file: optional `models.config` path, re-read whenever it
+            changes (like `--model_config_file_poll_wait_seconds`): moving a
+            label there is how a rollback reaches a running server.
 
     Example: `with DevServer([ServedModel("recs", "/models/recs")]) as server:
     GrpcClient(server.grpc_address).predict("recs", {...})`.
@@ -253,14 +256,22 @@ class DevServer:
 
     def __init__(
         self,
-        models: list[ServedModel],
+        models: list[ServedModel] | None = None,
         *,
         grpc_port: int = 0,
         rest_port: int = 0,
         host: str = "127.0.0.1",
         poll_seconds: float = 1.0,
         xla_enabled: bool = False,
+        config_file: str | None = None,
     ):
+        from static_keras.serving.config import read_models_config
+
+        self.config_file = config_file
+        self._config_mtime = None
+        if config_file is not None:
+            self._config_mtime = os.path.getmtime(config_file)
+            models = read_models_config(config_file)
         if not models:
             raise ValueError("DevServer needs at least one model")
         names = [m.name for m in models]
@@ -268,6 +279,7 @@ class DevServer:
             raise ValueError(f"Model names must be unique: {names}")
         for model in models:
             model.check()
+        self.xla_enabled = xla_enabled
         self.managers = {m.name: _ModelManager(m, xla_enabled) for m in models}
         self.host = host
         self.poll_seconds = poll_seconds
@@ -323,8 +335,26 @@ class DevServer:
         self.stop()
 
     def poll(self) -> None:
-        for manager in self.managers.values():
+        self._reload_config()
+        for manager in list(self.managers.values()):
             manager.poll()
+
+    def _reload_config(self) -> None:
+        from static_keras.serving.config import read_models_config
+
+        if self.config_file is None:
+            return
+        mtime = os.path.getmtime(self.config_file)
+        if mtime == self._config_mtime:
+            return
+        self._config_mtime = mtime
+        for model in read_models_config(self.config_file):
+            model.check()
+            if model.name in self.managers:
+                self.managers[model.name].config = model  # labels and versions
+            else:
+                self.managers[model.name] = _ModelManager(model, self.xla_enabled)
+        logger.info("reloaded %s", self.config_file)
 
     def _poll_forever(self) -> None:
         while not self._stop.wait(self.poll_seconds):

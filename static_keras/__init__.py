@@ -10,6 +10,7 @@ from static_keras.decoding.constrained_beam_search import ConstrainedBeamSearch
 from static_keras.index.layout import IndexLayout
 from static_keras.index.static_index import StaticIndex
 from static_keras.layers.cached_transformer_decoder import CachedTransformerDecoder
+from static_keras.layers.cached_transformer_decoder import TeacherForcing
 from static_keras.layers.constrained_decoding import INVALID_STATE
 from static_keras.layers.constrained_decoding import MASKED_LOGIT
 from static_keras.layers.constrained_decoding import PAD_TOKEN
@@ -26,5 +27,6 @@ __all__ = [
     "MASKED_LOGIT",
     "PAD_TOKEN",
     "StaticIndex",
+    "TeacherForcing",
     "beam_search",
 ]

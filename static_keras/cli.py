@@ -16,7 +16,8 @@ class UserError(Exception):
     """A mistake in the command's input: reported in one line."""
 
 
-def _load_array(path: str):
+def _load_array(path: str, column: str | None = None):
+    """An int array from .npy, .csv (no header) or .parquet (integer columns)."""
     import numpy as np
 
     if not os.path.isfile(path):
@@ -25,7 +26,37 @@ def _load_array(path: str):
         return np.load(path, allow_pickle=False)
     if path.endswith(".csv"):
         return np.loadtxt(path, delimiter=",", dtype=np.int64, ndmin=2)
-    raise UserError(f"unsupported input format (expected .npy or .csv): {path}")
+    if path.endswith(".parquet"):
+        try:
+            import pyarrow.parquet as parquet
+        except ImportError:
+            raise UserError(
+                "reading .parquet needs pyarrow: pip install 'static-keras[data]'"
+            ) from None
+        table = parquet.read_table(path)
+        names = [column] if column else [n for n in table.column_names if n != "item_id"]
+        missing = [n for n in names if n not in table.column_names]
+        if missing:
+            raise UserError(f"{path}: no column {missing[0]!r} (columns: {table.column_names})")
+        return np.stack([table.column(n).to_numpy() for n in names], axis=1)
+    raise UserError(f"unsupported input format (expected .npy, .csv or .parquet): {path}")
+
+
+class _ProgressBar:
+    """A one-line progress bar on stderr, for builds of large inputs."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+
+    def __call__(self, stage: str, fraction: float) -> None:
+        if not self.enabled:
+            return
+        filled = int(30 * fraction)
+        end = "\n" if fraction >= 1 else ""
+        sys.stderr.write(
+            f"\r[{'#' * filled}{'.' * (30 - filled)}] {fraction:4.0%} {stage:<12}{end}"
+        )
+        sys.stderr.flush()
 
 
 def _dense_levels(text: str):
@@ -38,19 +69,17 @@ def _dense_levels(text: str):
 
 
 def _cmd_build_index(args) -> None:
-    import numpy as np
 
     from static_keras.index.static_index import StaticIndex
 
     sequences = _load_array(args.sequences)
     item_ids = None
     if args.item_ids:
-        item_ids = _load_array(args.item_ids)
-        item_ids = (
-            np.asarray(item_ids).reshape(-1)
-            if item_ids.ndim == 2 and 1 in item_ids.shape
-            else item_ids
-        )
+        item_ids = _load_array(args.item_ids, column="item_id")
+        if item_ids.ndim == 2 and item_ids.shape[1] == 1:
+            item_ids = item_ids[:, 0]
+    large = sequences.size >= 10**7 and sys.stderr.isatty()
+    progress = _ProgressBar(args.progress or large)
     start = time.perf_counter()
     index = StaticIndex.build(
         sequences,
@@ -58,9 +87,11 @@ def _cmd_build_index(args) -> None:
         item_ids=item_ids,
         dense_levels=args.dense_levels,
         on_duplicate_item=args.on_duplicate_item,
+        progress=progress,
     )
     seconds = time.perf_counter() - start
     index.save(args.out)
+    progress("saved", 1.0)
     print(f"built in {seconds:.2f} s, wrote {args.out}")
     _print_stats(index)
 
@@ -149,11 +180,10 @@ def _cmd_serve_dev(args) -> None:
     import threading
 
     from static_keras.serving import ServedModel
-    from static_keras.serving import read_models_config
     from static_keras.serving.dev_server import DevServer
 
     if args.model_config_file:
-        models = read_models_config(args.model_config_file)
+        models = None  # read (and re-read on change) by the server
     elif args.model_base_path:
         models = [ServedModel(args.model_name, args.model_base_path)]
     else:
@@ -164,7 +194,9 @@ def _cmd_serve_dev(args) -> None:
         rest_port=args.rest_api_port,
         poll_seconds=args.file_system_poll_wait_seconds,
         xla_enabled=args.xla_cpu_compilation_enabled,
+        config_file=args.model_config_file,
     ).start()
+    models = [manager.config for manager in server.managers.values()]
     print(
         f"development server (not for production): gRPC {server.grpc_address}, "
         f"REST {server.rest_url}",
@@ -217,6 +249,22 @@ def _cmd_query(args) -> None:
         print(f"{name}: {np.asarray(outputs[name]).tolist()}")
 
 
+def _cmd_bench(args) -> None:
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(os.path.dirname(here), "benchmarks", "run_all.py")
+    if not os.path.isfile(script):
+        raise UserError(
+            "the benchmark suite lives in the source checkout (benchmarks/run_all.py); "
+            "install with `pip install -e .` from a clone"
+        )
+    spec = importlib.util.spec_from_file_location("static_keras_benchmarks", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(args.args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="static-keras",
@@ -236,10 +284,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=_cmd_demo)
 
     build = commands.add_parser("build-index", help="compile sequences into an index file")
-    build.add_argument("sequences", help="int array [N, L] of semantic IDs (.npy or .csv)")
+    build.add_argument(
+        "sequences",
+        help="int array [N, L] of semantic IDs: .npy, .csv (no header) or .parquet (one "
+        "integer column per level; a column 'item_id' is skipped)",
+    )
     build.add_argument("--vocab-size", type=int, required=True, help="token ids per level, V")
     build.add_argument("--out", required=True, help="index file to write (.npz)")
-    build.add_argument("--item-ids", help="int array [N] of catalogue ids (.npy or .csv)")
+    build.add_argument(
+        "--item-ids", help="int array [N] of catalogue ids (.npy, .csv, or .parquet column item_id)"
+    )
+    build.add_argument("--progress", action="store_true", help="always draw the progress bar")
     build.add_argument(
         "--dense-levels",
         default="auto",
@@ -311,6 +366,12 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--label", help="version label")
     query.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
     query.set_defaults(run=_cmd_query)
+
+    bench = commands.add_parser(
+        "bench", help="run the benchmark suite (benchmarks/ in a source checkout)"
+    )
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="passed on, e.g. --quick")
+    bench.set_defaults(run=_cmd_bench)
     return parser
 
 

@@ -38,6 +38,37 @@ def test_build_index_and_inspect(capsys, tmp_path):
     assert index.checksum in out
 
 
+def test_build_index_from_parquet_with_progress(capsys, tmp_path):
+    parquet = pytest.importorskip("pyarrow.parquet", reason="parquet input needs pyarrow")
+    import pyarrow
+
+    rows = np.random.default_rng(1).integers(0, 32, size=(300, 3))
+    columns = {f"level_{i}": rows[:, i] for i in range(3)}
+    columns["item_id"] = np.arange(300) + 5
+    parquet.write_table(pyarrow.table(columns), tmp_path / "ids.parquet")
+    code, _, err = run(
+        capsys, "build-index", str(tmp_path / "ids.parquet"), "--vocab-size", "32",
+        "--out", str(tmp_path / "index.npz"), "--item-ids", str(tmp_path / "ids.parquet"),
+        "--on-duplicate-item", "first", "--progress",
+    )  # fmt: skip
+    assert code == 0 and "100%" in err
+    index = StaticIndex.load(tmp_path / "index.npz")
+    assert index.contains(rows).all()
+    first = {tuple(r): i + 5 for i, r in reversed(list(enumerate(rows.tolist())))}
+    np.testing.assert_array_equal(
+        index.lookup_item_ids(rows[:20]), [first[tuple(r)] for r in rows[:20].tolist()]
+    )
+
+
+def test_every_subcommand_has_help(capsys):
+    for command in ("demo", "build-index", "inspect", "export", "publish", "serve-dev",
+                    "query", "bench"):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, "--help"])
+        assert exit_info.value.code == 0
+        assert "usage: static-keras " + command in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [

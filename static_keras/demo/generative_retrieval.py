@@ -32,23 +32,13 @@ from static_keras.index.semantic_ids import disambiguate
 from static_keras.index.semantic_ids import fit_residual_kmeans
 from static_keras.index.static_index import StaticIndex
 from static_keras.layers.cached_transformer_decoder import CachedTransformerDecoder
+from static_keras.layers.cached_transformer_decoder import TeacherForcing
 
 HISTORY = 8
 
 
 class DemoFailure(RuntimeError):
     """An invariant the demo promises did not hold."""
-
-
-class _TeacherForcing(keras.layers.Layer):
-    """Training view of a step decoder: logits for every target position."""
-
-    def __init__(self, decoder, **kwargs):
-        super().__init__(**kwargs)
-        self.decoder = decoder
-
-    def call(self, history, targets):
-        return self.decoder.sequence_logits(history, targets[:, :-1])
 
 
 def _settings(quick: bool) -> dict:
@@ -120,7 +110,7 @@ def run_demo(
     target_in = keras.Input((length,), dtype="int32", name="target")
     trainer = keras.Model(
         [history_in, target_in],
-        _TeacherForcing(decoder, name="teacher_forcing")(history_in, target_in),
+        TeacherForcing(decoder)(history_in, target_in),
     )
     trainer.compile(
         optimizer=keras.optimizers.Adam(2e-3),
@@ -271,8 +261,10 @@ def _serve_and_swap(model, newer_index, histories, fresh_days, newer_ids, print_
         }
         changed = float(np.mean(np.any(before["item_ids"] != after["item_ids"], axis=1)))
         returned = after["item_ids"][after["item_ids"] >= 0]
-        swap = dict(v1_days=fresh_days[0], v2_days=fresh_days[1], requests=len(answers),
-                    failures=len(failures), versions=sorted(versions), changed_share=changed)  # fmt: skip
+        swap = dict(
+            v1_days=fresh_days[0], v2_days=fresh_days[1], requests=len(answers),
+            failures=len(failures), versions=sorted(versions), changed_share=changed,
+        )  # fmt: skip
         print_fn(f"published version {second.version} (fresh < {fresh_days[1]} d) under load: "
                  f"{len(answers)} requests, {len(failures)} failed, versions served "
                  f"{sorted(versions)}; answers changed for {changed:.0%} of users")  # fmt: skip

@@ -201,8 +201,13 @@ def build_arrays(
     dense_levels="auto",
     on_duplicate_item: str = "error",
     dense_budget_bytes: int = DEFAULT_DENSE_BUDGET_BYTES,
+    progress=None,
 ) -> tuple[IndexLayout, dict[str, np.ndarray]]:
-    """Builds the layout and arrays of a `StaticIndex` (see its `build`)."""
+    """Builds the layout and arrays of a `StaticIndex` (see its `build`).
+
+    `progress(stage, fraction)`, if given, is called as the build advances.
+    """
+    report = progress or (lambda stage, fraction: None)
     if on_duplicate_item not in DUPLICATE_ITEM_POLICIES:
         raise ValueError(
             f"`on_duplicate_item` must be one of {DUPLICATE_ITEM_POLICIES}. "
@@ -214,10 +219,13 @@ def build_arrays(
     if item_ids is not None:
         item_ids = validate_item_ids(item_ids, num_rows)
 
+    report("validated", 0.05)
     order = _lexicographic_order(_pack_words(seqs, vocab_size))
+    report("sorted", 0.45)
     sorted_cols = [seqs[order, t] for t in range(length)]
     del seqs
     lcp = _common_prefix_lengths(sorted_cols)
+    report("prefixes", 0.6)
 
     # Duplicate rows (lcp == length) collapse into one leaf.
     unique = lcp < length
@@ -259,6 +267,7 @@ def build_arrays(
         step_widths.append(int(np.diff(starts, append=level_sizes[t + 1]).max()))
         del starts
 
+    report("widths", 0.7)
     arrays: dict[str, np.ndarray] = {}
     arrays["dense_masks"], arrays["dense_states"] = _dense_head(sorted_cols, lcp, vocab_size, d)
     layout = IndexLayout.create(
@@ -283,6 +292,7 @@ def build_arrays(
             rows[:-1] = _parent_starts(lcp, t)
             rows[:-1] += edge0
             rows[-1] = edge0 + level_sizes[t + 1]
+        report(f"level {t + 1}/{length}", 0.75 + 0.25 * (t + 1) / length)
     arrays["tokens"] = tokens if tokens.size else np.zeros(1, tokens.dtype)
     arrays["indptr"] = indptr
     if leaf_item_ids is not None:

@@ -70,6 +70,7 @@ class StaticIndex:
         dense_levels: int | str = "auto",
         on_duplicate_item: str = "error",
         dense_budget_bytes: int = DEFAULT_DENSE_BUDGET_BYTES,
+        progress=None,
     ) -> "StaticIndex":
         """Compiles the valid set `sequences` into an index.
 
@@ -89,6 +90,8 @@ class StaticIndex:
                 `"error"`.
             dense_budget_bytes: int. Memory cap of the `"auto"` rule.
                 Defaults to 64 MiB.
+            progress: optional callable `(stage: str, fraction: float)`,
+                called as the build advances (the CLI draws a bar with it).
 
         Raises:
             ValueError: naming the problem with the input.
@@ -100,6 +103,7 @@ class StaticIndex:
             dense_levels=dense_levels,
             on_duplicate_item=on_duplicate_item,
             dense_budget_bytes=dense_budget_bytes,
+            progress=progress,
         )
         return cls(layout, arrays)
 

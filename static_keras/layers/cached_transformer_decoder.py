@@ -250,3 +250,46 @@ class CachedTransformerDecoder(keras.layers.Layer):
             }
         )
         return config
+
+
+@static_keras_export
+class TeacherForcing(keras.layers.Layer):
+    """The training view of a step decoder: logits for every target position.
+
+    Wraps a decoder with `sequence_logits(context, prefix)` (such as
+    `CachedTransformerDecoder`) so a functional model can train it with
+    `fit`: `(context [B, H], targets [B, L]) -> logits [B, L, V]`, where
+    position i scores `targets[:, i]` given `targets[:, :i]`. The decoder's
+    weights are shared, so the trained decoder decodes directly.
+
+    Example:
+
+    >>> import numpy as np
+    >>> decoder = CachedTransformerDecoder(8, 3, context_vocab_size=20)
+    >>> logits = TeacherForcing(decoder)(np.ones((2, 4), "int32"), np.zeros((2, 3), "int32"))
+    >>> tuple(logits.shape)
+    (2, 3, 8)
+    """
+
+    def __init__(self, decoder, **kwargs):
+        super().__init__(**kwargs)
+        self.decoder = decoder
+
+    def build(self, *args):
+        if hasattr(self.decoder, "build") and not self.decoder.built:
+            self.decoder.build()
+        self.built = True
+
+    def call(self, context, targets):
+        return self.decoder.sequence_logits(context, targets[:, :-1])
+
+    def get_config(self):
+        config = super().get_config()
+        config["decoder"] = keras.saving.serialize_keras_object(self.decoder)
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["decoder"] = keras.saving.deserialize_keras_object(config["decoder"])
+        return cls(**config)
