@@ -82,7 +82,8 @@ def main(quick: bool) -> None:
 
             # Day 2: a 30-day window goes to canary first.
             day2 = publish(replace_index(model, eligible_index(30)), base, model_name="recs")
-            print("day 2  published version", day2.version, "index", read_metadata(day2.path)["indexes"][0]["checksum"][:12])  # fmt: skip
+            checksum = read_metadata(day2.path)["indexes"][0]["checksum"]
+            print(f"day 2  published version {day2.version}, index {checksum[:12]}")
             set_labels(stable=1, canary=day2.version)
             _wait_for_label(client, "canary", day2.version)
             print("day 2  canary ->", "version %d, oldest item %d days" % ask("canary"))
