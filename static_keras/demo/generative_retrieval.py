@@ -100,13 +100,21 @@ def run_demo(
              f"{catalogue_index}")  # fmt: skip
 
     # 3. Train the decoder ----------------------------------------------------------
+    # As in TIGER, the history is read as the semantic IDs of its items (one
+    # token per level, offset by level; 0 pads): items that share codes share
+    # what the model learns, which is what lets it reach cold-start items.
+    def history_tokens(item_id_rows):
+        tokens = sids[item_id_rows - 1] + 1 + vocab * np.arange(length)
+        return tokens.reshape(len(item_id_rows), -1).astype(np.int32)
+
     histories, targets = make_users(world, cfg["train_users"], HISTORY, seed=seed + 1)
+    histories = history_tokens(histories)
     decoder = CachedTransformerDecoder(
-        vocab, length, context_vocab_size=world.num_items + 1, hidden_dim=cfg["hidden"],
+        vocab, length, context_vocab_size=vocab * length + 1, hidden_dim=cfg["hidden"],
         num_heads=4, num_layers=2,
     )  # fmt: skip
     decoder.build()  # its variables are named after the decoder, not the trainer
-    history_in = keras.Input((HISTORY,), dtype="int32", name="history")
+    history_in = keras.Input((HISTORY * length,), dtype="int32", name="history")
     target_in = keras.Input((length,), dtype="int32", name="target")
     trainer = keras.Model(
         [history_in, target_in],
@@ -124,6 +132,7 @@ def run_demo(
 
     # 4. Decode held-out users ------------------------------------------------------
     test_histories, test_targets = make_users(world, cfg["test_users"], HISTORY, seed=seed + 2)
+    test_histories = history_tokens(test_histories)
     beam = cfg["beam"]
 
     def search_model(index):
@@ -181,6 +190,7 @@ def run_demo(
     cold_histories, cold_targets = make_users(
         world, 4 * cfg["test_users"], HISTORY, cold_targets=True, seed=seed + 3
     )
+    cold_histories = history_tokens(cold_histories)
     everything = index_of(np.arange(world.num_items))
     free, _ = decode(search_model(None), cold_histories)
     free_top1 = everything.lookup_item_ids(free["tokens"][:, 0])
