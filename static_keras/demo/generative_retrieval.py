@@ -44,9 +44,9 @@ class DemoFailure(RuntimeError):
 def _settings(quick: bool) -> dict:
     if quick:
         return dict(items=20_000, cold=1_000, train_users=12_000, test_users=256,
-                    epochs=3, levels=3, vocab=64, hidden=48, beam=20)  # fmt: skip
+                    epochs=3, levels=3, vocab=128, hidden=48, beam=20)  # fmt: skip
     return dict(items=50_000, cold=2_000, train_users=40_000, test_users=512,
-                epochs=4, levels=3, vocab=64, hidden=64, beam=20)  # fmt: skip
+                epochs=4, levels=3, vocab=128, hidden=64, beam=20)  # fmt: skip
 
 
 def run_demo(

@@ -46,9 +46,9 @@ def make_world(
     centers = rng.normal(size=(num_topics, dim)).astype(np.float32) * 1.5
     topics = rng.integers(0, num_topics, size=total)
     # Sub-topics give the embeddings (and so the semantic IDs) a second level.
-    sub_centers = rng.normal(size=(num_topics, SUBTOPICS, dim)).astype(np.float32) * 0.6
+    sub_centers = rng.normal(size=(num_topics, SUBTOPICS, dim)).astype(np.float32) * 0.9
     sub = rng.integers(0, SUBTOPICS, size=total)
-    noise = rng.normal(size=(total, dim)).astype(np.float32) * 0.7
+    noise = rng.normal(size=(total, dim)).astype(np.float32) * 0.5
     embeddings = centers[topics] + sub_centers[topics, sub] + noise
 
     popularity = np.zeros(total)
