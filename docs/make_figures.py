@@ -1,6 +1,6 @@
 """Draws docs/img/index_layout.png and docs/img/decoding_step.png from a real index.
 
-    python docs/make_figures.py
+python docs/make_figures.py
 """
 
 import os
@@ -75,8 +75,10 @@ def decoding_step(index: StaticIndex) -> None:
             face = "#dbe9d8" if ok else "#f3d6d6"
             axis.add_patch(plt.Rectangle((4.2 + 2.2 * slot, y), 2, 0.8, facecolor=face,
                                          edgecolor="#445"))  # fmt: skip
-            text = (f"tok {tokens[row, slot]}  s {scores[row, slot]:.2f}\nnext {next_states[row, slot]}"
-                    if ok else "padding\n(-1, -inf)")  # fmt: skip
+            text = "padding\n(-1, -inf)"
+            if ok:
+                text = f"tok {tokens[row, slot]}  s {scores[row, slot]:.2f}\n"
+                text += f"next {next_states[row, slot]}"
             axis.text(5.2 + 2.2 * slot, y + 0.4, text, ha="center", va="center", fontsize=8)
     axis.set_title(
         "One tail step (t = 2, B_2 = %d): start = indptr[s], n = indptr[s+1] - start; gather "

@@ -28,11 +28,15 @@ def index_from_layer(layer: ConstrainedDecoding) -> StaticIndex:
 
 def model_metadata(model) -> dict:
     """Metadata of every index inside `model` (usually exactly one)."""
-    layers = [layer for layer in model._flatten_layers() if isinstance(layer, ConstrainedDecoding)]
     indexes = []
-    for layer in layers:
-        index = index_from_layer(layer)
-        entry = serialization.metadata(index.layout, index.arrays)
+    for layer in model._flatten_layers():
+        if isinstance(layer, ConstrainedDecoding):
+            index = index_from_layer(layer)
+            entry = serialization.metadata(index.layout, index.arrays)
+        elif hasattr(getattr(layer, "layout", None), "to_config"):  # e.g. string sets
+            entry = {"kind": type(layer).__name__, "layout": layer.layout.to_config()}
+        else:
+            continue
         entry["layer"] = layer.path if hasattr(layer, "path") else layer.name
         indexes.append(entry)
     return {

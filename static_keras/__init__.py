@@ -15,6 +15,10 @@ from static_keras.layers.constrained_decoding import INVALID_STATE
 from static_keras.layers.constrained_decoding import MASKED_LOGIT
 from static_keras.layers.constrained_decoding import PAD_TOKEN
 from static_keras.layers.constrained_decoding import ConstrainedDecoding
+from static_keras.strings import StringConstrainedDecoding
+from static_keras.strings import StringIndex
+from static_keras.strings import StringLogitsProcessor
+from static_keras.strings import TokenVocabulary
 
 __version__ = "0.1.0"
 
@@ -27,6 +31,10 @@ __all__ = [
     "MASKED_LOGIT",
     "PAD_TOKEN",
     "StaticIndex",
+    "StringConstrainedDecoding",
+    "StringIndex",
+    "StringLogitsProcessor",
     "TeacherForcing",
+    "TokenVocabulary",
     "beam_search",
 ]

@@ -80,7 +80,12 @@ def test_build_kernel_and_goal_tables(quick_results):
     assert {row["structure"] for row in rows} == {"static", "ppv", "hash_bitmap", "cpu_trie"}
     columns, rows = _read(quick_results / "decoding_kernel.csv")
     assert {"kind", "b_t", "xla", "us_median", "us_p90"} <= set(columns)
-    assert {row["kind"] for row in rows} == {"vntk", "dense_step", "unconstrained_topk"}
+    assert {row["kind"] for row in rows} == {
+        "vntk",
+        "dense_step",
+        "unconstrained_topk",
+        "masked_topk",
+    }
     columns, rows = _read(quick_results / "decoding_goals.csv")
     assert {"goal", "mode", "met", "detail"} <= set(columns)
     assert {row["goal"] for row in rows} == {"1", "2", "3"}

@@ -140,7 +140,8 @@ def time_interleaved(
     so that tracing and compiling are not in here). Then, round after round,
     every function still in play runs once, in a shuffled order, with the
     round's salt (so all see the same logits in a round). A function leaves
-    after `min_repeats` rounds once it has spent `budget_s` seconds;
+    once it has run `min_repeats` rounds and spent `budget_s` seconds (fast
+    ones run up to `max_repeats` rounds, slow ones `min_repeats`);
     functions whose key is a floor (`key[0] == "unconstrained"`) stay while
     any function of their mode does. Interleaving makes the paired
     difference "method minus floor in the same round" immune to slow drift.

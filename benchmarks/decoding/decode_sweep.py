@@ -21,9 +21,10 @@ it returns (`recall_vs_exact`) and whether its output is identical
 (`exact_match`).
 
 The CPU trie (Python dicts, about 1.9 GB per million IDs) is built up to
-`--cpu-trie-max-n`; above it the table carries a lower bound: the value at
-the largest measured N (the sets are nested, so every fan-out, and with it
-the trie's per-row work, only grows with N).
+`--cpu-trie-max-n`; above it the table carries the value at the largest
+measured N, marked `lower_bound` (the sets are nested, so every fan-out, and
+with it the trie's per-row Python work, only grows with N). The hash bitmap
+is skipped where rows x V exceeds `--hash-max-cells` (seconds per step).
 
     python -m benchmarks.decoding.decode_sweep --sweep n
     python -m benchmarks.decoding.decode_sweep --sweep vocab --quick
@@ -47,20 +48,21 @@ COLUMNS = [
     "sweep", "device", "n", "vocab_size", "length", "dense_levels", "batch_size",
     "beam_size", "rows", "method", "xla", "measured", "repeats", "compile_s",
     "run_ms_median", "run_ms_p90", "step_ms_median", "overhead_ms_step_median",
-    "overhead_ms_step_p10", "overhead_ms_step_p90", "ratio_vs_static_graph",
-    "ratio_vs_static_xla", "valid_frac", "recall_vs_exact", "exact_match",
-    "query_fp_rate", "build_s", "structure_mb", "step_widths", "note",
+    "overhead_ms_step_p10", "overhead_ms_step_p90", "excess_vs_static_ms_step",
+    "step_ratio_vs_static", "overhead_ratio_vs_static", "host_ms_step", "valid_frac",
+    "recall_vs_exact", "exact_match", "query_fp_rate", "build_s", "structure_mb",
+    "step_widths", "note",
 ]  # fmt: skip
 
 FULL = {
     "n": {"sizes": [10**5, 10**6, 10**7, 2 * 10**7]},
-    "vocab": {"vocabs": [256, 512, 1024, 2048, 4096, 8192, 16384, 32768], "n": 10**6},
+    "vocab": {"vocabs": [256, 1024, 2048, 4096, 16384, 32768], "n": 10**6},
     "rows": {"shapes": [(1, 1), (2, 70), (8, 128), (64, 128)], "n": 10**6},
 }
 QUICK = {
     "n": {"sizes": [1000, 5000]},
-    "vocab": {"vocabs": [64, 256], "n": 2000},
-    "rows": {"shapes": [(1, 1), (4, 16)], "n": 2000},
+    "vocab": {"vocabs": [128], "n": 2000},
+    "rows": {"shapes": [(4, 16)], "n": 2000},
 }
 
 
@@ -75,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shapes", nargs="+", help="batch x beam, e.g. 2x70 (sweep rows)")
     parser.add_argument("--n", type=float, help="fixed N of the vocab and rows sweeps")
     parser.add_argument("--vocab-size", type=int, default=None, help="V (default 2048; quick 256)")
-    parser.add_argument("--length", type=int, default=8)
+    parser.add_argument("--length", type=int, default=None, help="L (default 8; quick 4)")
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--beam-size", type=int, default=None, help="default 70; quick 8")
     parser.add_argument("--methods", nargs="+", choices=common.METHODS, default=common.METHODS)
@@ -84,11 +86,18 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["all", "static", "none"],
         default=None,
         help="XLA variants: every compilable method, only STATIC (+floor), or none "
-        "(default all; quick static)",
+        "(default: all for the n sweep, static for the others and for --quick)",
     )
     parser.add_argument("--cpu-trie-max-n", type=float, default=10**6)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--min-repeats", type=int, default=None, help="default 7; quick 2")
+    parser.add_argument(
+        "--hash-max-cells",
+        type=float,
+        default=2.5e6,
+        help="skip the hash bitmap where rows x V exceeds this (its graph-mode step "
+        "takes seconds there)",
+    )
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs after the first")
+    parser.add_argument("--min-repeats", type=int, default=None, help="default 3; quick 2")
     parser.add_argument("--max-repeats", type=int, default=None, help="default 101; quick 3")
     parser.add_argument("--budget-s", type=float, default=6.0, help="timing seconds per method")
     parser.add_argument("--seed", type=int, default=0)
@@ -109,19 +118,20 @@ def main(argv=None) -> list[dict]:
     quick = args.quick
     vocab = args.vocab_size or (256 if quick else 2048)
     beam = args.beam_size or (8 if quick else 70)
-    xla = args.xla or ("static" if quick else "all")
+    xla = args.xla or ("all" if args.sweep == "n" and not quick else "static")
     isolate = (not quick) if args.isolate is None else args.isolate
     base = {
         "sweep": args.sweep,
         "device": args.device,
-        "length": args.length,
+        "length": args.length or (4 if quick else 8),
         "methods": list(args.methods),
         "xla": xla,
         "cpu_trie_max_n": int(args.cpu_trie_max_n),
+        "hash_max_cells": int(args.hash_max_cells),
         "warmup": args.warmup,
-        "min_repeats": args.min_repeats or (2 if quick else 7),
+        "min_repeats": args.min_repeats or (2 if quick else 3),
         "max_repeats": args.max_repeats or (3 if quick else 101),
-        "budget_s": 0.5 if quick else args.budget_s,
+        "budget_s": 0.2 if quick else args.budget_s,
         "seed": args.seed,
     }
     preset = (QUICK if quick else FULL)[args.sweep]
@@ -157,6 +167,7 @@ def main(argv=None) -> list[dict]:
         else:
             point_rows = run_point(point)
         print(f"  done in {time.perf_counter() - start:.0f} s", flush=True)
+        add_ratios(point_rows)
         print(format_table(point_rows), flush=True)
         rows += point_rows
     rows = add_lower_bounds(rows, args.sweep)
@@ -188,9 +199,13 @@ def run_point(point: dict) -> list[dict]:
     methods = [m for m in common.METHODS if m in point["methods"]]
     if "unconstrained" not in methods:
         methods.insert(0, "unconstrained")
+    if "hash_bitmap" in methods and batch * beam * vocab > point.get("hash_max_cells", 2.5e6):
+        methods.remove("hash_bitmap")
+        log(f"    skipping the hash bitmap: {batch * beam} rows x V {vocab} > hash_max_cells")
     ids = common.random_ids(n, vocab, length, point["seed"])
 
     built = {}  # method -> (graph constraint, xla constraint, build_s, bytes, note)
+    host_seconds = []  # the CPU trie's Python callback time, per call (one call per step)
     with tf.device(device_name):
         start = time.perf_counter()
         index = StaticIndex.build(ids, vocab, dense_levels=point["dense_levels"])
@@ -227,6 +242,7 @@ def run_point(point: dict) -> list[dict]:
             start = time.perf_counter()
             trie = CpuTrie(seqs, vocab)
             seconds = time.perf_counter() - start
+            trie._host_step = _timed(trie._host_step, host_seconds)  # before tracing
             built["cpu_trie"] = (trie, None, seconds, trie.host_nbytes(), "host Python objects")
         built["unconstrained"] = (None, None, 0.0, 0, "")
         table = tf.Variable(common.logits_table(vocab, point["seed"]), trainable=False)
@@ -280,6 +296,7 @@ def run_point(point: dict) -> list[dict]:
     )
     del seqs
 
+    del host_seconds[:]  # keep the timed rounds only (and warm-up)
     timing = common.time_interleaved(
         functions,
         warmup=point["warmup"],
@@ -311,6 +328,9 @@ def run_point(point: dict) -> list[dict]:
                 **stats,
                 **checks[(method, jit)],
                 "query_fp_rate": query_fp if method == "hash_bitmap" else "",
+                "host_ms_step": round(1e3 * sum(host_seconds) / len(host_seconds), 4)
+                if method == "cpu_trie" and host_seconds
+                else "",
                 "build_s": round(build_s, 3),
                 "structure_mb": round(nbytes / 2**20, 2),
                 "step_widths": " ".join(map(str, index.step_widths)),
@@ -318,6 +338,18 @@ def run_point(point: dict) -> list[dict]:
             }
         )
     return rows
+
+
+def _timed(function, seconds: list):
+    """`function`, appending its wall time of each call to `seconds`."""
+
+    def timed(*args):
+        start = time.perf_counter()
+        out = function(*args)
+        seconds.append(time.perf_counter() - start)
+        return out
+
+    return timed
 
 
 def _validate(index, tokens, reference) -> dict:
@@ -393,33 +425,44 @@ def add_lower_bounds(rows: list[dict], sweep: str) -> list[dict]:
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """Each method's overhead divided by STATIC's (graph and XLA) at the same point."""
+    """Compares each method with STATIC at the same point and mode.
+
+    The CPU trie (graph mode only) is compared with STATIC in graph mode.
+    `overhead_ratio_vs_static` is left empty where STATIC's overhead is not
+    positive (a ratio to a number at or below zero says nothing).
+    """
     static = {}
     for row in rows:
         if row["method"] == "static":
-            key = (row["n"], row["vocab_size"], row["rows"], row["xla"])
-            static[key] = row["overhead_ms_step_median"]
+            static[(row["n"], row["vocab_size"], row["rows"], row["xla"])] = row
     for row in rows:
-        for jit, column in ((False, "ratio_vs_static_graph"), (True, "ratio_vs_static_xla")):
-            reference = static.get((row["n"], row["vocab_size"], row["rows"], jit))
-            value = row["overhead_ms_step_median"]
-            if reference is None or value in ("", None) or reference <= 0:
-                row[column] = ""
-            else:
-                row[column] = round(value / reference, 1)
+        reference = static.get((row["n"], row["vocab_size"], row["rows"], row["xla"]))
+        row["excess_vs_static_ms_step"] = row["step_ratio_vs_static"] = ""
+        row["overhead_ratio_vs_static"] = ""
+        if reference is None:
+            continue
+        row["excess_vs_static_ms_step"] = round(
+            row["step_ms_median"] - reference["step_ms_median"], 4
+        )
+        row["step_ratio_vs_static"] = round(row["step_ms_median"] / reference["step_ms_median"], 2)
+        if reference["overhead_ms_step_median"] > 0:
+            row["overhead_ratio_vs_static"] = round(
+                row["overhead_ms_step_median"] / reference["overhead_ms_step_median"], 1
+            )
 
 
 def format_table(rows: list[dict]) -> str:
     header = (
         f"  {'method':<22}{'XLA':<5}{'step ms':>9}{'overhead/step ms':>18}{'p90':>9}"
-        f"{'valid':>7}{'recall':>8}{'build s':>9}{'MB':>9}"
+        f"{'vs STATIC':>10}{'valid':>7}{'recall':>8}{'build s':>9}{'MB':>9}"
     )
     lines = [header]
     for row in rows:
         lines.append(
             f"  {common.LABELS[row['method']]:<22}{'yes' if row['xla'] else 'no':<5}"
             f"{row['step_ms_median']:>9.3f}{row['overhead_ms_step_median']:>18.4f}"
-            f"{row['overhead_ms_step_p90']:>9.3f}{_fmt(row['valid_frac']):>7}"
+            f"{row['overhead_ms_step_p90']:>9.3f}{_fmt(row.get('excess_vs_static_ms_step')):>10}"
+            f"{_fmt(row['valid_frac']):>7}"
             f"{_fmt(row['recall_vs_exact']):>8}{_fmt(row['build_s']):>9}"
             f"{_fmt(row['structure_mb']):>9}"
         )

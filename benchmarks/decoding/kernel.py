@@ -5,8 +5,10 @@ One VNTK step (`ConstrainedDecoding.candidates` at a CSR-tail step) gathers
 synthetic valid set pins `B_t` exactly: 256 distinct 2-token prefixes, each
 followed by exactly `B` distinct third tokens (then random tokens), V 2048,
 L 8, d 2, so step 2 is a tail step of width `B`. For reference, the table
-also times a dense-head step (`t = 0`: unpack V bits, mask, top-k) and the
-unconstrained selection (`top_k` of V log-probs), for the same rows.
+also times a dense-head step (`t = 0`: unpack V bits, mask, top-k), the
+unconstrained selection (`top_k` of V log-probs) and the same `top_k` once all
+but 4 tokens per row are masked (`masked_topk`: on CPU its time depends on
+the data), for the same rows.
 
 Each timed call runs `--inner` kernel steps in one `tf.function`, each on its
 own log-probs tensor and chained through the states (so no step can be
@@ -142,6 +144,15 @@ def main(argv=None) -> list[dict]:
 
         row = dict(base, kind="unconstrained_topk", b_t=vocab, step=-1, xla=jit)
         row.update(timed(top_k, jit, zeros))
+        results.append(row)
+        print(_format(row), flush=True)
+
+        def masked_top_k(lp, s):  # the same top-k once all but 4 tokens per row are masked
+            keep = ops.less(ops.mod(ops.arange(vocab)[None, :] + s[:, None], vocab // 4 or 1), 1)
+            return top_k(ops.where(keep, lp, -np.inf), s)
+
+        row = dict(base, kind="masked_topk", b_t=4, step=-1, xla=jit)
+        row.update(timed(masked_top_k, jit, zeros))
         results.append(row)
         print(_format(row), flush=True)
     common.write_csv(args.out, results, COLUMNS)

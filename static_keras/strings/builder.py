@@ -91,43 +91,53 @@ def encode_strings(strings) -> list[bytes]:
 
 
 def _join(strings: ByteTrie, tokens: TokenTrie):
-    """All (start node, token, end node) with the token's bytes on a trie path."""
+    """All (start node, token, end node) with the token's bytes on a trie path.
+
+    Matches come out grouped by token length, each group sorted by start node.
+    """
     token_trie = tokens.trie
-    token_count = np.diff(tokens.token_indptr)
+    token_count = np.diff(tokens.token_indptr).astype(np.int32)
+    token_more = token_trie.num_children > 0
     s_children = strings.num_children
     # Depth 1: every string edge, matched against the root's children.
     start = strings.parent[1:]
     node = np.arange(1, strings.num_nodes, dtype=np.int32)
-    where = token_trie.root_children[strings.byte[1:]].astype(np.int64)
+    where = token_trie.root_children[strings.byte[1:]]
     found_start, found_node, found_where = [], [], []
     while node.size:
         ok = where >= 0
-        start, node, where = start[ok], node[ok], where[ok]
+        if not ok.all():
+            start, node, where = start[ok], node[ok], where[ok]
         ends = token_count[where] > 0
         found_start.append(start[ends])
         found_node.append(node[ends])
         found_where.append(where[ends])
-        counts = np.where(token_trie.num_children[where] > 0, s_children[node], 0)
-        live = np.flatnonzero(counts)
-        if live.size == 0:
+        counts = np.where(token_more[where], s_children[node], 0)
+        live = counts > 0
+        if not live.any():
             break
-        counts = counts[live]
-        row = np.repeat(live, counts)
-        first = np.cumsum(counts) - counts
-        offset = np.arange(row.size, dtype=np.int32) - np.repeat(first, counts).astype(np.int32)
-        start, where = start[row], where[row]
-        node = strings.first_child[node[row]] + offset
-        where = token_trie.child(where, strings.byte[node])
+        start, node, where, counts = start[live], node[live], where[live], counts[live]
+        first_child = strings.first_child[node]
+        if counts.max() == 1:  # chains: the usual case below the first bytes
+            node = first_child
+        else:
+            row = np.repeat(np.arange(node.size, dtype=np.int32), counts)
+            before = np.cumsum(counts, dtype=np.int32) - counts
+            node = first_child[row] + (np.arange(row.size, dtype=np.int32) - before[row])
+            start, where = start[row], where[row]
+        where = tokens.child(where, strings.byte[node]).astype(np.int32, copy=False)
     start = np.concatenate(found_start)
     node = np.concatenate(found_node)
     where = np.concatenate(found_where)
     # Expand each token-trie node into its token ids (usually exactly one).
     counts = token_count[where]
+    if counts.max(initial=1) == 1:
+        return start, tokens.token_ids[tokens.token_indptr[where]], node
     row = np.repeat(np.arange(where.size), counts)
-    first = np.cumsum(counts) - counts
-    offset = np.arange(row.size) - np.repeat(first, counts)
+    before = np.cumsum(counts) - counts
+    offset = np.arange(row.size) - before[row]
     token = tokens.token_ids[tokens.token_indptr[where][row] + offset]
-    return start[row].astype(np.int64), token.astype(np.int64), node[row].astype(np.int64)
+    return start[row], token, node[row]
 
 
 def _shift_or_at(masks: list[np.ndarray], sources, targets) -> None:
@@ -192,15 +202,17 @@ def build_string_arrays(
     tokens = vocabulary.trie
     clock["vocabulary_trie"] = time.perf_counter()
     src, tok, dst = _join(trie, tokens)
-    keep = tok != eos  # EOS is never text, even where the vocabulary spells it
-    src, tok, dst = src[keep], tok[keep], dst[keep]
+    if tokens.allowed[eos]:  # EOS is never text, even where the vocabulary spells it
+        keep = tok != eos
+        src, tok, dst = src[keep], tok[keep], dst[keep]
     join_edges = int(src.size)
     # EOS edges from member nodes; their target is set after renumbering.
-    member = np.arange(num_members, dtype=np.int64)
-    src = np.concatenate([src, member_node])
-    tok = np.concatenate([tok, np.full(num_members, eos, np.int64)])
+    member = np.arange(num_members, dtype=np.int32)
+    src = np.concatenate([src, member_node.astype(np.int32)])
+    tok = np.concatenate([tok, np.full(num_members, eos, np.int32)])
     dst = np.concatenate([dst, -1 - member])  # -1 - m marks accept state m
-    order = np.argsort(src * vocab_size + tok)
+    # Each byte depth's matches come sorted by start node: a stable sort merges runs.
+    order = np.argsort(src.astype(np.int64) * vocab_size + tok, kind="stable")
     src, tok, dst = src[order], tok[order], dst[order]
     clock["join"] = time.perf_counter()
 

@@ -20,6 +20,9 @@ from static_keras.strings.byte_trie import ByteTrie
 from static_keras.strings.byte_trie import build_byte_trie
 from static_keras.strings.byte_trie import sort_unique
 
+#: Memory for the dense child table of the shallow token-trie levels.
+DENSE_BUDGET_BYTES = 8 * 2**20
+
 
 @dataclasses.dataclass(frozen=True)
 class TokenTrie:
@@ -31,12 +34,16 @@ class TokenTrie:
             `token_ids[token_indptr[n]:token_indptr[n + 1]]`.
         token_ids: int32, sorted by node, then id.
         allowed: bool `[V]`, the tokens in the trie.
+        dense_children: int32 `[D, 256]`: the child of each of the first `D`
+            nodes (the shallow levels, where lookups concentrate) by byte,
+            -1 if none; deeper nodes use `trie.child` (a binary search).
     """
 
     trie: ByteTrie
     token_indptr: np.ndarray
     token_ids: np.ndarray
     allowed: np.ndarray
+    dense_children: np.ndarray
 
     @classmethod
     def build(cls, token_bytes: list[bytes], allowed: np.ndarray) -> "TokenTrie":
@@ -53,11 +60,19 @@ class TokenTrie:
         indptr = np.zeros(trie.num_nodes + 1, np.int64)
         np.cumsum(counts, out=indptr[1:])
         return cls(
+            dense_children=_dense_children(trie),
             trie=trie,
             token_indptr=indptr,
             token_ids=ids[order].astype(np.int32),
             allowed=allowed,
         )
+
+    def child(self, nodes: np.ndarray, bytes_: np.ndarray) -> np.ndarray:
+        """The child of each node by each byte, -1 where there is none."""
+        dense = self.dense_children
+        if nodes.size and int(nodes.max()) < dense.shape[0]:
+            return dense[nodes, bytes_]
+        return self.trie.child(nodes, bytes_)
 
     @property
     def num_tokens(self) -> int:
@@ -74,4 +89,20 @@ class TokenTrie:
             + self.token_indptr.nbytes
             + self.token_ids.nbytes
             + self.allowed.nbytes
+            + self.dense_children.nbytes
         )
+
+
+def _dense_children(trie: ByteTrie, budget_bytes: int = DENSE_BUDGET_BYTES) -> np.ndarray:
+    """Child table of the shallowest whole levels that fit in `budget_bytes`."""
+    rows = 1
+    for depth in range(1, trie.max_depth + 1):
+        end = int(trie.level_offsets[depth + 1])
+        if end * 256 * 4 > budget_bytes:
+            break
+        rows = end
+    table = np.full((rows, 256), -1, np.int32)
+    child = np.flatnonzero(trie.parent < rows)
+    child = child[child > 0]
+    table[trie.parent[child], trie.byte[child]] = child
+    return table

@@ -1,0 +1,1 @@
+"""String-set constraint benchmarks: static-keras trie automata vs XGrammar and peers."""
