@@ -33,8 +33,8 @@ def model_metadata(model) -> dict:
         if isinstance(layer, ConstrainedDecoding):
             index = index_from_layer(layer)
             entry = serialization.metadata(index.layout, index.arrays)
-        elif hasattr(getattr(layer, "layout", None), "to_config"):  # e.g. string sets
-            entry = {"kind": type(layer).__name__, "layout": layer.layout.to_config()}
+        elif hasattr(layer, "index_metadata"):  # e.g. StringConstrainedDecoding
+            entry = layer.index_metadata()
         else:
             continue
         entry["layer"] = layer.path if hasattr(layer, "path") else layer.name

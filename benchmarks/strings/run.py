@@ -327,8 +327,15 @@ def _layer_benchmark(args, index, states, base):
 
     layer = index.constraint_layer()
     logits = tf.random.normal((args.batch, index.vocab_size))
-    mask = tf.function(lambda lg, st: layer.mask_logits(lg, st))
-    advance = tf.function(lambda st, tk: layer.advance(st, tk))
+
+    @tf.function
+    def mask(lg, st):
+        return layer.mask_logits(lg, st)
+
+    @tf.function
+    def advance(st, tk):
+        return layer.advance(st, tk)
+
     rows = []
     for name, fn in (
         ("mask_logits [R, V] float32", lambda s: mask(logits, s)),
