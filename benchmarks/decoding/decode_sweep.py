@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--hash-max-cells",
         type=float,
-        default=2.5e6,
+        default=1.2e6,
         help="skip the hash bitmap where rows x V exceeds this (its graph-mode step "
         "takes seconds there)",
     )
@@ -199,7 +199,7 @@ def run_point(point: dict) -> list[dict]:
     methods = [m for m in common.METHODS if m in point["methods"]]
     if "unconstrained" not in methods:
         methods.insert(0, "unconstrained")
-    if "hash_bitmap" in methods and batch * beam * vocab > point.get("hash_max_cells", 2.5e6):
+    if "hash_bitmap" in methods and batch * beam * vocab > point.get("hash_max_cells", 1.2e6):
         methods.remove("hash_bitmap")
         log(f"    skipping the hash bitmap: {batch * beam} rows x V {vocab} > hash_max_cells")
     ids = common.random_ids(n, vocab, length, point["seed"])
