@@ -6,7 +6,8 @@ benchmarks/decoding/decode_sweep.py), `kernel` (STATIC's step kernel against
 B_t), then `goals` (the issue's goals on the `n` sweep), `plots` (PNGs) and
 `report` (the tables as Markdown, on stdout).
 Every point of the full run gets its own process. Results are CSVs named
-decoding_<part>.csv.
+decoding_<part>.csv (decoding_gpu_<part>.csv with `--device gpu`, so GPU
+figures sit next to the CPU ones), plots decoding_<part>.png likewise.
 
     python benchmarks/run_all.py                 # full run, CPU, ~30 min
     python benchmarks/run_all.py --quick         # tiny sizes, about a minute
@@ -74,8 +75,11 @@ def main(argv=None) -> int:
     common_flags = ["--device", args.device] + (["--quick"] if args.quick else [])
     sizes = ["--sizes", *map(str, args.sizes)] if args.sizes else []
 
+    # GPU results sit next to the CPU ones: decoding_gpu_<part>.csv / .png.
+    prefix = "decoding_" if args.device == "cpu" else f"decoding_{args.device}_"
+
     def path(part: str) -> str:
-        return os.path.join(results, f"decoding_{part}.csv")
+        return os.path.join(results, f"{prefix}{part}.csv")
 
     started = time.perf_counter()
     print(f"static-keras bench: device {args.device}, quick {args.quick}, results {results}")
@@ -98,9 +102,9 @@ def main(argv=None) -> int:
         elif part == "goals" and os.path.exists(path("n")):
             goals.main(["--csv", path("n"), "--out", path("goals")])
         elif part == "plots":
-            plots.main(["--results", results, "--img", images])
+            plots.main(["--results", results, "--img", images, "--prefix", prefix])
         elif part == "report":
-            report.main(["--results", results])
+            report.main(["--results", results, "--prefix", prefix])
         print(f"== {part} done in {time.perf_counter() - part_start:.0f} s", flush=True)
     if not args.quick:
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

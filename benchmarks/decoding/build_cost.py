@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
-    parser.add_argument("--out", default=os.path.join(common.RESULTS_DIR, "decoding_build.csv"))
+    parser.add_argument("--out", help="default benchmarks/results/decoding_[gpu_]build.csv")
     parser.add_argument("--sizes", nargs="+", type=float)
     parser.add_argument("--structures", nargs="+", choices=STRUCTURES, default=STRUCTURES)
     parser.add_argument("--vocab-size", type=int, default=None, help="default 2048; quick 256")
@@ -77,8 +77,9 @@ def main(argv=None) -> list[dict]:
                 row = measure(config)[0]
             print(_format(row), flush=True)
             rows.append(row)
-    common.write_csv(args.out, rows, COLUMNS)
-    print(f"wrote {args.out}")
+    out = args.out or common.default_csv("build", args.device)
+    common.write_csv(out, rows, COLUMNS)
+    print(f"wrote {out}")
     return rows
 
 

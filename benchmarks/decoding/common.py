@@ -232,6 +232,12 @@ def child_main(function, argv) -> bool:
     return False
 
 
+def default_csv(name: str, device: str) -> str:
+    """benchmarks/results/decoding_<name>.csv, or decoding_gpu_<name>.csv on a GPU."""
+    prefix = "decoding_" if device == "cpu" else f"decoding_{device}_"
+    return os.path.join(RESULTS_DIR, f"{prefix}{name}.csv")
+
+
 def write_csv(path: str, rows: list[dict], columns: list[str] | None = None) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if columns is None:

@@ -71,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sweep", choices=["n", "vocab", "rows"], default="n")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, few repeats (CI)")
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
-    parser.add_argument("--out", help="CSV path (default benchmarks/results/decoding_<sweep>.csv)")
+    parser.add_argument(
+        "--out", help="CSV path (default benchmarks/results/decoding_[gpu_]<sweep>.csv)"
+    )
     parser.add_argument("--sizes", nargs="+", type=float, help="N values (sweep n)")
     parser.add_argument("--vocabs", nargs="+", type=int, help="V values (sweep vocab)")
     parser.add_argument("--shapes", nargs="+", help="batch x beam, e.g. 2x70 (sweep rows)")
@@ -172,7 +174,7 @@ def main(argv=None) -> list[dict]:
         rows += point_rows
     rows = add_lower_bounds(rows, args.sweep)
     add_ratios(rows)
-    out = args.out or os.path.join(common.RESULTS_DIR, f"decoding_{args.sweep}.csv")
+    out = args.out or common.default_csv(args.sweep, args.device)
     common.write_csv(out, rows, COLUMNS)
     print(f"wrote {out}")
     return rows

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
-    parser.add_argument("--out", default=os.path.join(common.RESULTS_DIR, "decoding_kernel.csv"))
+    parser.add_argument("--out", help="default benchmarks/results/decoding_[gpu_]kernel.csv")
     parser.add_argument("--widths", nargs="+", type=int, help="B values (default 1 .. 2048)")
     parser.add_argument("--vocab-size", type=int, default=None, help="default 2048; quick 256")
     parser.add_argument("--rows", type=int, default=140, help="batch x beam rows (default 140)")
@@ -155,8 +155,9 @@ def main(argv=None) -> list[dict]:
         row.update(timed(masked_top_k, jit, zeros))
         results.append(row)
         print(_format(row), flush=True)
-    common.write_csv(args.out, results, COLUMNS)
-    print(f"wrote {args.out}")
+    out = args.out or common.default_csv("kernel", args.device)
+    common.write_csv(out, results, COLUMNS)
+    print(f"wrote {out}")
     return results
 
 

@@ -32,6 +32,7 @@ ORDER = [
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", default=common.RESULTS_DIR)
+    parser.add_argument("--prefix", default="decoding_", help="CSV name prefix")
     return parser
 
 
@@ -43,7 +44,7 @@ def main(argv=None) -> str:
         ("vocab", "vocab_size", "V"),
         ("rows", "rows", "rows"),
     ):
-        path = os.path.join(args.results, f"decoding_{sweep}.csv")
+        path = os.path.join(args.results, f"{args.prefix}{sweep}.csv")
         if os.path.exists(path):
             rows = common.read_csv(path)
             parts.append(f"### Sweep `{sweep}`: time per step, ms (median)\n")
@@ -55,7 +56,7 @@ def main(argv=None) -> str:
             parts.append(f"### Sweep `{sweep}`: validation against STATIC\n")
             parts.append(_validation(rows, key, title))
     for name, builder in (("kernel", _kernel), ("build", _build), ("goals", _goals)):
-        path = os.path.join(args.results, f"decoding_{name}.csv")
+        path = os.path.join(args.results, f"{args.prefix}{name}.csv")
         if os.path.exists(path):
             parts.append(builder(common.read_csv(path)))
     text = "\n".join(parts)
@@ -155,7 +156,7 @@ def _build(rows):
 def _goals(rows):
     lines = ["### Goals\n", "| goal | mode | N | met | detail |", "|---|---|---:|---|---|"]
     for row in rows:
-        met = "met" if row["met"] == "True" else "**missed**"
+        met = "**missed**" if row["met"] == "missed" else row["met"]
         lines.append(
             f"| {row['goal']} | {row['mode']} | {int(row['n']):,} | {met} | {row['detail']} |"
         )
