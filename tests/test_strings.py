@@ -21,6 +21,7 @@ from test_strings_fixtures import tokenizer_from_json
 
 from static_keras.strings import StringIndex
 from static_keras.strings import TokenVocabulary
+from static_keras.strings import kernels
 from static_keras.strings.byte_trie import build_byte_trie
 from static_keras.strings.byte_trie import sort_unique
 
@@ -416,6 +417,53 @@ def test_byte_trie_matches_a_dictionary_trie():
         assert np.all(np.diff(trie.keys) > 0)
 
 
+def test_preorder_trie_matches_a_dictionary_trie():
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        strings = {
+            bytes(rng.choice(list(b"ab\x00c"), int(rng.integers(1, 7))).tolist())
+            for _ in range(int(rng.integers(1, 40)))
+        }
+        unique = sorted(strings)
+        offsets = np.cumsum([0] + [len(s) for s in unique]).astype(np.int64)
+        flat = np.frombuffer(b"".join(unique), np.uint8)
+        byte, depth, subtree_end, ends = kernels.preorder_trie(flat, offsets)
+        # Preorder: the prefixes in sorted (lexicographic) order, root first.
+        prefixes = sorted({s[:k] for s in unique for k in range(len(s) + 1)})
+        assert byte.size == len(prefixes)
+        ids = {p: i for i, p in enumerate(prefixes)}
+        for prefix, node in ids.items():
+            assert depth[node] == len(prefix)
+            assert byte[node] == (prefix[-1] if prefix else 0)
+            below = [q for q in prefixes if q.startswith(prefix)]
+            assert subtree_end[node] == node + len(below)
+        assert ends.tolist() == [ids[s] for s in unique]
+
+
+def test_fill_bitmask_matches_allowed_tokens_with_wide_rows():
+    # 256 single bytes and some pairs: the root allows more than 64 tokens,
+    # so its row is precomputed ("wide"); ids 31, 63, ... use the sign bit.
+    rng = np.random.default_rng(2)
+    alphabet = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,-_"
+    pairs = {bytes(rng.choice(list(alphabet), 2).tolist()) for _ in range(300)}
+    tokens = [bytes([b]) for b in range(256)] + sorted(pairs) + [b"<eos>"]
+    vocab = TokenVocabulary.from_token_bytes(tokens, special=[len(tokens) - 1])
+    strings = [
+        bytes(rng.choice(list(alphabet), int(rng.integers(1, 9))).tolist()) for _ in range(400)
+    ]
+    index = StringIndex.from_strings(strings, vocab, eos_token_id=len(tokens) - 1)
+    states = np.concatenate([np.arange(index.num_states), [-1, index.num_states, 0, 0]])
+    bitmask = index.fill_bitmask(states)
+    assert index._wide_masks()[1].shape[0] >= 1  # the root at least
+    bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, : vocab.vocab_size]
+    np.testing.assert_array_equal(bits.astype(bool), index.allowed_tokens(states))
+    assert not bits[-4:-2].any()  # states outside the index allow nothing
+    out = np.full((states.size + 3, bitmask.shape[1]), -1, np.int32)
+    index.fill_bitmask(states, out)
+    np.testing.assert_array_equal(out[: states.size], bitmask)
+    np.testing.assert_array_equal(out[states.size :], -1)  # rows past n untouched
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -434,6 +482,7 @@ def test_docstring_examples(name):
 
 
 _NUMPY_ONLY = [
+    "kernels",
     "byte_decoding",
     "byte_trie",
     "token_trie",

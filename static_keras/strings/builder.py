@@ -1,24 +1,23 @@
 """Compiles K strings under a token vocabulary into a trie automaton.
 
-Steps, all vectorised NumPy (loops only over byte depths, never over strings
-or tokens):
+Steps (the loops in `kernels`, compiled with Numba; everything else NumPy):
 
-1. Encode the strings as UTF-8 and build their byte trie (`ByteTrie`).
+1. Encode the strings as UTF-8, sort the distinct ones once (NumPy) and
+   build their byte trie in preorder (`kernels.preorder_trie`).
 2. Join it with the vocabulary's token trie (`TokenVocabulary.trie`, built
-   once per vocabulary): a frontier of (start node, current node, token-trie
-   node) triples advances one byte at a time along the string trie's edges;
-   wherever the token-trie node ends a token, that token is allowed at the
-   start node and leads to the current node. Every tokenization is covered,
-   and two token paths that reach one node share it (explicit next states).
-3. Add EOS at member nodes (to one accept state per distinct member, which
-   loops on EOS), then drop dead ends: states from which no member can be
-   completed (a vocabulary without some single-byte token can strand a
-   path) and states no token path reaches.
-4. Reachability by step: a bitset per state of the step counts at which
-   decoding can be there, pushed along the edges in byte-depth order; B_t is
-   the largest fan-out among states reachable at step t.
-
-NumPy only.
+   once per vocabulary): from every trie node, walk the token trie down the
+   node's subtree; wherever a token ends, that token is allowed at the start
+   node and leads to the node where its bytes end. Every tokenization is
+   covered, and two token paths that reach one node share it (explicit next
+   states). Member nodes also allow EOS, to one accept state per distinct
+   member, which loops on EOS (`kernels.join`).
+3. Drop dead ends (states from which no member can be completed: a
+   vocabulary without some single-byte token can strand a path) in one
+   reverse pass, and find the step counts at which decoding can be at each
+   state in one forward pass (`kernels.live_states`): preorder ids are a
+   topological order, since a token always moves deeper.
+4. Renumber the live states and write the CSR rows; B_t is the largest
+   fan-out among states reachable at step t (`kernels.renumber`).
 """
 
 from __future__ import annotations
@@ -29,11 +28,9 @@ from typing import Sequence
 
 import numpy as np
 
-from static_keras.strings.byte_trie import ByteTrie
-from static_keras.strings.byte_trie import build_byte_trie
+from static_keras.strings import kernels
 from static_keras.strings.byte_trie import sort_unique
 from static_keras.strings.layout import StringIndexLayout
-from static_keras.strings.token_trie import TokenTrie
 from static_keras.strings.vocabulary import TokenVocabulary
 
 _SHOW = 5  # offending strings named in an error message
@@ -90,71 +87,9 @@ def encode_strings(strings) -> list[bytes]:
     return encoded
 
 
-def _join(strings: ByteTrie, tokens: TokenTrie):
-    """All (start node, token, end node) with the token's bytes on a trie path.
-
-    Matches come out grouped by token length, each group sorted by start node.
-    """
-    token_trie = tokens.trie
-    token_count = np.diff(tokens.token_indptr).astype(np.int32)
-    token_more = token_trie.num_children > 0
-    s_children = strings.num_children
-    # Depth 1: every string edge, matched against the root's children.
-    start = strings.parent[1:]
-    node = np.arange(1, strings.num_nodes, dtype=np.int32)
-    where = token_trie.root_children[strings.byte[1:]]
-    found_start, found_node, found_where = [], [], []
-    while node.size:
-        ok = where >= 0
-        if not ok.all():
-            start, node, where = start[ok], node[ok], where[ok]
-        ends = token_count[where] > 0
-        found_start.append(start[ends])
-        found_node.append(node[ends])
-        found_where.append(where[ends])
-        counts = np.where(token_more[where], s_children[node], 0)
-        live = counts > 0
-        if not live.any():
-            break
-        start, node, where, counts = start[live], node[live], where[live], counts[live]
-        first_child = strings.first_child[node]
-        if counts.max() == 1:  # chains: the usual case below the first bytes
-            node = first_child
-        else:
-            row = np.repeat(np.arange(node.size, dtype=np.int32), counts)
-            before = np.cumsum(counts, dtype=np.int32) - counts
-            node = first_child[row] + (np.arange(row.size, dtype=np.int32) - before[row])
-            start, where = start[row], where[row]
-        where = tokens.child(where, strings.byte[node]).astype(np.int32, copy=False)
-    start = np.concatenate(found_start)
-    node = np.concatenate(found_node)
-    where = np.concatenate(found_where)
-    # Expand each token-trie node into its token ids (usually exactly one).
-    counts = token_count[where]
-    if counts.max(initial=1) == 1:
-        return start, tokens.token_ids[tokens.token_indptr[where]], node
-    row = np.repeat(np.arange(where.size), counts)
-    before = np.cumsum(counts) - counts
-    offset = np.arange(row.size) - before[row]
-    token = tokens.token_ids[tokens.token_indptr[where][row] + offset]
-    return start[row], token, node[row]
-
-
-def _shift_or_at(masks: list[np.ndarray], sources, targets) -> None:
-    """masks[targets] |= masks[sources] << 1 (multi-word bitsets, unbuffered)."""
-    carry = None
-    for word in range(len(masks)):
-        values = masks[word][sources]
-        shifted = values << np.uint64(1)
-        if carry is not None:
-            shifted |= carry
-        carry = values >> np.uint64(63)
-        np.bitwise_or.at(masks[word], targets, shifted)
-
-
-def _bits(masks: list[np.ndarray], rows) -> np.ndarray:
+def _bits(steps: np.ndarray, rows) -> np.ndarray:
     """bool `[len(rows), 64 * words]`: the step bitsets of `rows` unpacked."""
-    stacked = np.stack([m[rows] for m in masks], axis=1).astype("<u8")
+    stacked = steps[rows].astype("<u8")
     return np.unpackbits(stacked.view(np.uint8), axis=1, bitorder="little").astype(bool)
 
 
@@ -192,59 +127,39 @@ def build_string_arrays(
         raise ValueError(f"`max_length` must be at least 2. Received: max_length={max_length}")
     encoded = encode_strings(strings)
 
-    # 1. The byte trie of the distinct strings.
+    # 1. The byte trie of the distinct strings, in preorder.
     unique, first, _ = sort_unique(encoded)
-    trie, member_node = build_byte_trie(unique)
-    num_nodes, num_members = trie.num_nodes, len(unique)
+    num_members = len(unique)
+    lengths = np.fromiter(map(len, unique), np.int64, num_members)
+    offsets = np.zeros(num_members + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.frombuffer(b"".join(unique), np.uint8)
+    byte, depth, subtree_end, member_node = kernels.preorder_trie(flat, offsets)
+    num_nodes = int(byte.size)
+    member_of = np.full(num_nodes, -1, np.int32)
+    member_of[member_node] = np.arange(num_members, dtype=np.int32)
     clock["string_trie"] = time.perf_counter()
 
     # 2. Join with the vocabulary's token trie (built once per vocabulary).
     tokens = vocabulary.trie
     clock["vocabulary_trie"] = time.perf_counter()
-    src, tok, dst = _join(trie, tokens)
-    if tokens.allowed[eos]:  # EOS is never text, even where the vocabulary spells it
-        keep = tok != eos
-        src, tok, dst = src[keep], tok[keep], dst[keep]
-    join_edges = int(src.size)
-    # EOS edges from member nodes; their target is set after renumbering.
-    member = np.arange(num_members, dtype=np.int32)
-    src = np.concatenate([src, member_node.astype(np.int32)])
-    tok = np.concatenate([tok, np.full(num_members, eos, np.int32)])
-    dst = np.concatenate([dst, -1 - member])  # -1 - m marks accept state m
-    # Each byte depth's matches come sorted by start node: a stable sort merges runs.
-    order = np.argsort(src.astype(np.int64) * vocab_size + tok, kind="stable")
-    src, tok, dst = src[order], tok[order], dst[order]
+    indptr, tok, dst = kernels.join(
+        byte,
+        subtree_end,
+        member_of,
+        tokens.dense_children,
+        tokens.node_info,
+        tokens.trie.byte,
+        tokens.token_ids,
+        eos,
+    )
+    join_edges = int(tok.size) - num_members
     clock["join"] = time.perf_counter()
 
-    # 3. Dead ends: states that cannot complete a member.
-    bounds = np.searchsorted(src, trie.level_offsets)
-    alive = np.zeros(num_nodes, bool)
-    alive[member_node] = True
-    for depth in range(trie.max_depth, -1, -1):
-        lo, hi = bounds[depth], bounds[depth + 1]
-        if lo == hi:
-            continue
-        target = dst[lo:hi]
-        hit = (target >= 0) & alive[np.maximum(target, 0)]
-        alive[src[lo:hi][hit]] = True
-    keep = (dst < 0) | alive[np.maximum(dst, 0)]
-    src, tok, dst = src[keep], tok[keep], dst[keep]
-    to_trie = dst >= 0
-    bounds = np.searchsorted(src, trie.level_offsets)
-
-    # 4. Step bitsets: bit t of state n is set when some t-token path reaches n.
-    words = (trie.max_depth + 2 + 63) // 64
-    masks = [np.zeros(num_nodes, np.uint64) for _ in range(words)]
-    masks[0][0] = 1
-    for depth in range(trie.max_depth + 1):
-        lo, hi = bounds[depth], bounds[depth + 1]
-        if lo == hi:
-            continue
-        inner = np.flatnonzero(to_trie[lo:hi]) + lo
-        _shift_or_at(masks, src[inner], dst[inner])
-    reached = np.zeros(num_nodes, bool)
-    for mask in masks:
-        reached |= mask != 0
+    # 3. Dead ends, and the step counts (bit t: some t-token path) of each state.
+    words = (int(depth.max()) + 2 + 63) // 64
+    alive, steps = kernels.live_states(indptr, dst, words)
+    reached = steps.any(axis=1)
     if not reached[member_node].all():
         bad = np.flatnonzero(~reached[member_node])
         names = ", ".join(repr(encoded[first[m]].decode("utf-8", "replace")) for m in bad[:_SHOW])
@@ -256,7 +171,7 @@ def build_string_arrays(
     clock["prune"] = time.perf_counter()
 
     # Steps: members finish at step k (k tokens, then EOS at step k).
-    member_bits = _bits(masks, member_node)
+    member_bits = _bits(steps, member_node)
     last_step = member_bits.shape[1] - 1 - np.argmax(member_bits[:, ::-1], axis=1)
     first_step = np.argmax(member_bits, axis=1)
     needed = int(last_step.max()) + 1
@@ -272,40 +187,18 @@ def build_string_arrays(
         )
     max_length = int(max_length)
 
-    # Renumber: live trie states in order, then one accept state per member.
+    # 4. Renumber: live trie states in preorder, then one accept state per member.
     live = reached & alive
-    new_id = np.cumsum(live) - 1
     num_trie_states = int(live.sum())
-    keep = live[src]
-    src, tok, dst = src[keep], tok[keep], dst[keep]
-    to_trie = dst >= 0
-    next_state = np.where(to_trie, new_id[np.maximum(dst, 0)], num_trie_states + (-1 - dst))
-    src = new_id[src]
+    indptr, tok, next_state, widths = kernels.renumber(
+        indptr, tok, dst, live, steps, eos, num_members
+    )
     num_states = num_trie_states + num_members
-    # Accept states: EOS loops back.
-    accept = np.arange(num_trie_states, num_states, dtype=np.int64)
-    src = np.concatenate([src, accept])
-    tok = np.concatenate([tok, np.full(num_members, eos, np.int64)])
-    next_state = np.concatenate([next_state, accept])
-    counts = np.bincount(src, minlength=num_states)
-    indptr = np.zeros(num_states + 1, np.int64)
-    np.cumsum(counts, out=indptr[1:])
-
-    # Widths: B_t = the largest fan-out among states reachable at step t.
-    fan_out = counts[:num_trie_states]
-    live_nodes = np.flatnonzero(live)
-    order = np.argsort(fan_out, kind="stable")
-    sorted_fan = fan_out[order]
-    group = np.flatnonzero(np.r_[True, sorted_fan[1:] != sorted_fan[:-1]])
-    unions = np.stack(
-        [np.bitwise_or.reduceat(m[live_nodes][order], group) for m in masks], axis=1
-    ).astype("<u8")
-    union_bits = np.unpackbits(unions.view(np.uint8), axis=1, bitorder="little").astype(bool)
-    widths = np.where(union_bits, sorted_fan[group][:, None], 0).max(axis=0)
     widths = np.maximum(widths, 1)  # accept states (EOS loop) or nothing at all
     if widths.size < max_length:
         widths = np.concatenate([widths, np.ones(max_length - widths.size, widths.dtype)])
     step_widths = widths[:max_length]
+    counts = np.diff(indptr)
     clock["widths"] = time.perf_counter()
 
     layout = StringIndexLayout.create(
@@ -313,7 +206,7 @@ def build_string_arrays(
         length=max_length,
         eos_token_id=eos,
         num_states=num_states,
-        num_edges=int(src.size),
+        num_edges=int(tok.size),
         num_members=num_members,
         step_widths=step_widths,
         max_width=int(counts.max()),

@@ -6,7 +6,8 @@ sizes, the EOS token, and the per-step widths `B_t`. It fits in a Keras layer
 config.
 
 States: trie states (byte-trie nodes the decoder can be in) are numbered
-`0 .. accept_offset - 1`, root 0, in order of byte depth; then one accept
+`0 .. accept_offset - 1`, root 0, in preorder of the byte trie (a token
+always moves to a larger id); then one accept
 state per distinct member string (`accept_offset + m`), reached by EOS from
 the member's trie state. An accept state allows only EOS, back to itself.
 """

@@ -7,6 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
+from static_keras.strings import kernels
 from static_keras.strings import serialization
 from static_keras.strings.builder import BuildStats
 from static_keras.strings.builder import build_string_arrays
@@ -286,64 +287,46 @@ class StringIndex:
         t // 32, bit t % 32), the layout XGrammar and vLLM use. `out`, when
         given, is overwritten (its first n rows).
 
-        One vectorised pass for all rows. Wide states (more allowed tokens
-        than a bitmask row has words / 16, e.g. the root) copy a bitmask row
-        precomputed on first use; the others OR the word and bit of each of
-        their edges into zeroed rows.
+        One compiled pass over the rows: wide states (more allowed tokens
+        than a bitmask row has words / 16, e.g. the root) copy a row
+        precomputed on first use; the others zero their row and set a bit
+        per edge. States outside the index allow nothing.
         """
         states = self._states(states)
         words = (self.vocab_size + 31) // 32
-        if states.size and (states.min() < -1 or states.max() >= self.num_states):
-            states = np.where((states >= 0) & (states < self.num_states), states, -1)
         if out is None:
-            out = np.zeros((states.size, words), np.int32)
-        else:
-            if out.ndim != 2 or out.shape[0] < states.size or out.shape[1] != words:
-                raise ValueError(f"`out` must be int32 [>= {states.size}, {words}]")
-            if out.dtype != np.int32 or not out.flags.c_contiguous:
-                raise ValueError("`out` must be a C-contiguous int32 array")
-            out[: states.size] = 0
-        tables = self._bitmask_tables()
-        # State -1 reads the last (sentinel) entry of each table: nothing allowed.
-        counts = tables["count"][states]
-        total = int(counts.sum())
-        if total:
-            first = np.cumsum(counts) - counts
-            edge = np.arange(total) + np.repeat(tables["start"][states] - first, counts)
-            key = np.repeat(np.arange(0, states.size * words, words), counts) + tables["word"][edge]
-            np.bitwise_or.at(out.reshape(-1).view(np.uint32), key, tables["bit"][edge])
-        wide = tables["wide"][states]
-        if wide.max(initial=-1) >= 0:
-            rows = np.flatnonzero(wide >= 0)
-            out[rows] = tables["masks"][wide[rows]]
+            out = np.empty((states.size, words), np.int32)
+        elif out.ndim != 2 or out.shape[0] < states.size or out.shape[1] != words:
+            raise ValueError(f"`out` must be int32 [>= {states.size}, {words}]")
+        elif out.dtype != np.int32 or not out.flags.c_contiguous:
+            raise ValueError("`out` must be a C-contiguous int32 array")
+        if states.size and (states.min() < 0 or states.max() >= self.num_states):
+            states = np.where((states >= 0) & (states < self.num_states), states, -1)
+        wide, masks = self._wide_masks()
+        kernels.fill_bitmask(
+            states,
+            self._arrays["indptr"],
+            self._arrays["tokens"],
+            wide,
+            masks,
+            out[: states.size].view(np.uint32),
+        )
         return out
 
-    def _bitmask_tables(self) -> dict:
-        """Per edge its word and bit; per state its narrow edge range or its
-        precomputed wide bitmask row; one sentinel state at the end (cached)."""
+    def _wide_masks(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per state the row of its precomputed bitmask in `masks` (-1: not
+        wide), and `masks` (cached)."""
         if self._bits is None:
-            indptr = self._arrays["indptr"].astype(np.int64)
-            tokens = self._arrays["tokens"].astype(np.int64)
             words = (self.vocab_size + 31) // 32
-            counts = np.diff(indptr)
+            counts = np.diff(self._arrays["indptr"])
             wide_states = np.flatnonzero(counts > max(64, words // 16))
-            narrow = counts.copy()
-            narrow[wide_states] = 0
-            wide = np.full(self.num_states + 1, -1, np.int64)
+            wide = np.full(self.num_states, -1, np.int64)
+            masks = np.empty((wide_states.size, words), np.uint32)
+            kernels.fill_bitmask(
+                wide_states, self._arrays["indptr"], self._arrays["tokens"], wide, masks, masks
+            )
             wide[wide_states] = np.arange(wide_states.size)
-            tables = {
-                "word": tokens >> 5,
-                "bit": np.left_shift(np.uint32(1), (tokens & 31).astype(np.uint32)),
-                "start": np.append(indptr[:-1], 0),
-                "count": np.append(narrow, 0),
-                "wide": np.full(self.num_states + 1, -1, np.int64),
-                "masks": np.zeros((wide_states.size, words), np.int32),
-            }
-            self._bits = dict(tables, count=np.append(counts, 0))  # every state narrow
-            if wide_states.size:
-                self.fill_bitmask(wide_states, tables["masks"])
-            tables["wide"] = wide
-            self._bits = tables
+            self._bits = wide, masks
         return self._bits
 
     def next_states(self, states, tokens) -> np.ndarray:

@@ -36,7 +36,10 @@ class TokenTrie:
         allowed: bool `[V]`, the tokens in the trie.
         dense_children: int32 `[D, 256]`: the child of each of the first `D`
             nodes (the shallow levels, where lookups concentrate) by byte,
-            -1 if none; deeper nodes use `trie.child` (a binary search).
+            -1 if none; deeper nodes binary-search their children's bytes.
+        node_info: int32 `[N, 4]`: per node its first token (in
+            `token_ids`), token count, first child and child count, side by
+            side so that a compiled walk reads one cache line per node.
     """
 
     trie: ByteTrie
@@ -44,6 +47,7 @@ class TokenTrie:
     token_ids: np.ndarray
     allowed: np.ndarray
     dense_children: np.ndarray
+    node_info: np.ndarray
 
     @classmethod
     def build(cls, token_bytes: list[bytes], allowed: np.ndarray) -> "TokenTrie":
@@ -61,18 +65,14 @@ class TokenTrie:
         np.cumsum(counts, out=indptr[1:])
         return cls(
             dense_children=_dense_children(trie),
+            node_info=np.stack(
+                [indptr[:-1], counts, trie.first_child, trie.num_children], axis=1
+            ).astype(np.int32),
             trie=trie,
             token_indptr=indptr,
             token_ids=ids[order].astype(np.int32),
             allowed=allowed,
         )
-
-    def child(self, nodes: np.ndarray, bytes_: np.ndarray) -> np.ndarray:
-        """The child of each node by each byte, -1 where there is none."""
-        dense = self.dense_children
-        if nodes.size and int(nodes.max()) < dense.shape[0]:
-            return dense[nodes, bytes_]
-        return self.trie.child(nodes, bytes_)
 
     @property
     def num_tokens(self) -> int:
@@ -90,6 +90,7 @@ class TokenTrie:
             + self.token_ids.nbytes
             + self.allowed.nbytes
             + self.dense_children.nbytes
+            + self.node_info.nbytes
         )
 
 
