@@ -217,27 +217,61 @@ def test_eager_equals_xla(index):
 # Beam search -------------------------------------------------------------------
 
 
-def test_beam_search_ranks_every_tokenization_exactly(tiny):
-    vocab, members, index = tiny
+def _ranked_tokenizations(vocab, members, index, table):
     oracle = Oracle(members, vocab, index.eos_token_id)
     sequences = _sequences(oracle, vocab, index.eos_token_id, index.length)
-    assert 8 < len(sequences) <= 32
-    table = _table(vocab.vocab_size, seed=4)
     log_probs = table - np.log(np.exp(table).sum(1, keepdims=True))
-    expected = [sum(log_probs[_code(s[:t]), s[t]] for t in range(len(s))) for s in sequences]
-    order = np.argsort(-np.array(expected), kind="stable")
-    out = beam_search(index, _step_fn(table), batch_size=2, beam_size=32)
-    tokens, scores, items = (np.asarray(out[k]) for k in ("tokens", "scores", "item_ids"))
-    assert tokens.shape == (2, 32, index.length)
+    scores = [sum(log_probs[_code(s[:t]), s[t]] for t in range(len(s))) for s in sequences]
+    order = np.argsort(-np.array(scores), kind="stable")
+    return [sequences[i] for i in order], [scores[i] for i in order]
+
+
+def _assert_results(out, vocab, members, index, sequences, scores, beam_size):
+    tokens, got, items = (np.asarray(out[k]) for k in ("tokens", "scores", "item_ids"))
+    assert tokens.shape == (2, beam_size, index.length)
     for b in range(2):
-        for rank, i in enumerate(order):
-            seq = list(sequences[i]) + [-1] * (index.length - len(sequences[i]))
-            assert tokens[b, rank].tolist() == seq
-            assert scores[b, rank] == pytest.approx(expected[i], abs=1e-4)
-            assert members[items[b, rank]] == vocab.decode(sequences[i]).decode()
+        for rank, (sequence, score) in enumerate(zip(sequences, scores)):
+            row = list(sequence) + [-1] * (index.length - len(sequence))
+            assert tokens[b, rank].tolist() == row
+            assert got[b, rank] == pytest.approx(score, abs=1e-4)
+            assert members[items[b, rank]] == vocab.decode(sequence).decode()
         assert np.all(tokens[b, len(sequences) :] == -1)
-        assert np.all(np.isneginf(scores[b, len(sequences) :]))
+        assert np.all(np.isneginf(got[b, len(sequences) :]))
         assert np.all(items[b, len(sequences) :] == -1)
+
+
+def test_beam_search_ranks_every_tokenization_exactly(tiny):
+    vocab, members, index = tiny
+    table = _table(vocab.vocab_size, seed=4)
+    sequences, scores = _ranked_tokenizations(vocab, members, index, table)
+    assert 8 < len(sequences) <= 32
+    out = beam_search(index, _step_fn(table), batch_size=2, beam_size=32, distinct_items=False)
+    _assert_results(out, vocab, members, index, sequences, scores, 32)
+
+
+@pytest.mark.parametrize("beam_size", [32, 8, 5])
+def test_beam_search_returns_each_member_once_with_its_best_tokenization(tiny, beam_size):
+    vocab, members, index = tiny
+    table = _table(vocab.vocab_size, seed=4)
+    sequences, scores = _ranked_tokenizations(vocab, members, index, table)
+    best, seen = [], set()
+    for sequence, score in zip(sequences, scores):  # sorted: the first is the best
+        text = vocab.decode(sequence)
+        if text not in seen:
+            seen.add(text)
+            best.append((sequence, score))
+    assert len(best) == len(members) < len(sequences)
+    # Every beam size that holds all token paths is exact; smaller beams
+    # (down to K) must still return distinct members, best first.
+    out = beam_search(index, _step_fn(table), batch_size=2, beam_size=beam_size)
+    if beam_size >= len(sequences):
+        _assert_results(out, vocab, members, index, *zip(*best), beam_size)
+    items = np.asarray(out["item_ids"])
+    for b in range(2):
+        found = items[b][items[b] >= 0].tolist()
+        assert 1 <= len(found) == len(set(found))
+        live = np.asarray(out["scores"])[b][: len(found)]
+        assert np.all(np.isfinite(live)) and np.all(np.diff(live) <= 1e-6)
 
 
 def test_beam_search_with_a_bpe_vocabulary_returns_members(index, bpe):
@@ -245,7 +279,9 @@ def test_beam_search_with_a_bpe_vocabulary_returns_members(index, bpe):
     out = beam_search(index, _step_fn(table), batch_size=3, beam_size=6)
     tokens, scores, items = (np.asarray(out[k]) for k in ("tokens", "scores", "item_ids"))
     for b in range(3):
-        assert np.all(np.diff(scores[b]) <= 1e-6)
+        live = scores[b][items[b] >= 0]
+        assert np.all(np.diff(live) <= 1e-6) and np.all(np.isneginf(scores[b][items[b] < 0]))
+        assert len(set(items[b][items[b] >= 0].tolist())) == live.size  # each member once
         for k in range(6):
             if items[b, k] < 0:
                 continue

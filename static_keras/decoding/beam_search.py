@@ -27,6 +27,7 @@ def beam_search(
     num_results: int | None = None,
     dense_top_k: int | None = None,
     length: int | None = None,
+    distinct_items: bool = True,
 ) -> dict:
     """Beam search that only returns sequences of the valid set.
 
@@ -67,6 +68,16 @@ def beam_search(
             than `beam_size` survivors).
         length: int. Steps of an unconstrained search; must be None (the
             index's length is used) when `index` is given.
+        distinct_items: bool. With an EOS constraint, keep one finished beam
+            per final state: a string set spells one member by several
+            tokenizations (`a|bc`, `ab|c`), all ending in the member's
+            accept state, and without this the results would repeat the
+            member. At every step, a finished beam whose state a better
+            finished beam already holds is dropped, which frees its slot
+            for other candidates; each member is returned once, with its
+            best tokenization found. Lossless: a finished beam's score never
+            changes. No effect on fixed-length sets (every leaf is one
+            item). Defaults to True; False returns every tokenization.
 
     Returns:
         dict with `tokens` int32 `[B, K, L]`, `scores` float32 `[B, K]` (sum of
@@ -175,6 +186,10 @@ def beam_search(
         if eos is not None:
             ended = ops.logical_or(ops.take(finished, parent), ops.equal(token, eos))
             finished = ops.logical_and(live, ended)
+            if distinct_items:
+                repeat = _repeated_finished(beam_states, finished, beam_size)
+                beam_scores = ops.where(repeat, -np.inf, beam_scores)
+                finished = ops.logical_and(finished, ops.logical_not(repeat))
         if step + 1 < length and state is not None:
             state = keras.tree.map_structure(lambda x: ops.take(x, parent, axis=0), state)
 
@@ -197,6 +212,17 @@ def beam_search(
         ids = constraint.item_ids(ops.where(live, beam_states, INVALID_STATE))
         result["item_ids"] = ops.reshape(ids, (-1, beam_size))[:, :num_results]
     return result
+
+
+def _repeated_finished(states, finished, beam_size: int):
+    """bool `[R]`: finished beams whose state a better finished beam of the
+    same batch row holds (beams are sorted by score within a row)."""
+    states = ops.reshape(states, (-1, beam_size))
+    finished = ops.reshape(finished, (-1, beam_size))
+    both = ops.logical_and(ops.expand_dims(finished, 2), ops.expand_dims(finished, 1))
+    same = ops.logical_and(ops.equal(ops.expand_dims(states, 2), ops.expand_dims(states, 1)), both)
+    before = ops.arange(beam_size)[:, None] > ops.arange(beam_size)[None, :]  # [i, j]: j < i
+    return ops.reshape(ops.any(ops.logical_and(same, before[None]), axis=2), (-1,))
 
 
 def _positive_int(value, name: str) -> int:

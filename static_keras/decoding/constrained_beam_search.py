@@ -40,6 +40,8 @@ class ConstrainedBeamSearch(keras.layers.Layer):
             index weights; built from `index` when None.
         length: int or None. Steps of an unconstrained search (no index and
             no constraint); None otherwise.
+        distinct_items: bool. Each member of a string set once, with its
+            best tokenization (see `beam_search`). Defaults to True.
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
@@ -71,6 +73,7 @@ class ConstrainedBeamSearch(keras.layers.Layer):
         dense_top_k: int | None = None,
         constraint: ConstrainedDecoding | None = None,
         length: int | None = None,
+        distinct_items: bool = True,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -103,6 +106,7 @@ class ConstrainedBeamSearch(keras.layers.Layer):
         self.num_results = num_results
         self.dense_top_k = dense_top_k
         self.length = length
+        self.distinct_items = bool(distinct_items)
 
     def build(self, input_shape=None):
         self.built = True
@@ -125,6 +129,7 @@ class ConstrainedBeamSearch(keras.layers.Layer):
             num_results=self.num_results,
             dense_top_k=self.dense_top_k,
             length=self.length,
+            distinct_items=self.distinct_items,
         )
 
     def get_config(self):
@@ -141,6 +146,7 @@ class ConstrainedBeamSearch(keras.layers.Layer):
                 "beam_size": self.beam_size,
                 "num_results": self.num_results,
                 "dense_top_k": self.dense_top_k,
+                "distinct_items": self.distinct_items,
             }
         )
         return config
