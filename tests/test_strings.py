@@ -282,6 +282,57 @@ def test_gguf_byte_level_and_sentencepiece(tmp_path):
     assert index.lookup_item_ids([[5, 2], [3, 2]]).tolist() == [0, 1]
 
 
+def test_gguf_metadata_reader_matches_the_gguf_package(tmp_path):
+    gguf = pytest.importorskip("gguf", reason="the `gguf` package is optional")
+    from static_keras.strings.gguf_metadata import read_gguf_metadata
+
+    path = tmp_path / "meta.gguf"
+    writer = gguf.GGUFWriter(str(path), arch="llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(["a", "é", "", "<|end|>"])
+    writer.add_token_types([1, 1, 1, 3])
+    writer.add_eos_token_id(3)
+    writer.add_float32("test.float", 0.5)
+    writer.add_bool("test.flag", True)
+    writer.add_array("test.ints", [1, -2, 3])
+    writer.add_tensor("w", np.arange(6, dtype=np.float32).reshape(2, 3))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    ours = read_gguf_metadata(path)
+    reference = gguf.GGUFReader(str(path))
+    for key, field in reference.fields.items():
+        if key.startswith("GGUF."):  # the reader's own header pseudo-fields
+            continue
+        value = ours[key]
+        if field.types[0] == gguf.GGUFValueType.STRING:
+            assert value == bytes(field.parts[field.data[0]])
+        elif field.types[0] == gguf.GGUFValueType.ARRAY:
+            parts = [field.parts[i] for i in field.data]
+            if field.types[-1] == gguf.GGUFValueType.STRING:
+                assert value == [bytes(p) for p in parts]
+            else:
+                np.testing.assert_array_equal(value, [p[0] for p in parts])
+        else:
+            assert value == field.parts[field.data[0]][0]
+    assert ours["test.flag"] is True and ours["tokenizer.ggml.tokens"][2] == b""
+
+    data = path.read_bytes()
+    for bad, match in [
+        (b"", "empty"),
+        (b"GGML" + data[4:], "magic"),
+        (data[:4] + (7).to_bytes(4, "little") + data[8:], "version 7"),
+        (data[:40], "truncated"),
+    ]:
+        path.write_bytes(bad)
+        with pytest.raises(ValueError, match=match):
+            read_gguf_metadata(path)
+    path.write_bytes(data[:40])
+    with pytest.raises(ValueError, match="truncated"):
+        TokenVocabulary.from_gguf(path)
+
+
 def test_tiktoken_file(tmp_path):
     import base64
 

@@ -10,9 +10,10 @@ unused tokens):
 - a Hugging Face `tokenizer.json` (`from_tokenizer_json`, needs the
   `tokenizers` package): byte-level BPE, SentencePiece with byte fallback,
   or plain text pieces; added tokens marked special are never allowed;
-- a GGUF file (`from_gguf`, needs the `gguf` package): `tokenizer.ggml.model`
-  `gpt2` (byte-level BPE) or `llama` (SentencePiece); token types control,
-  unknown and unused are never allowed;
+- a GGUF file (`from_gguf`, its metadata read by `gguf_metadata`, no
+  dependency): `tokenizer.ggml.model` `gpt2` (byte-level BPE) or `llama`
+  (SentencePiece); token types control, unknown and unused are never
+  allowed;
 - a `.tiktoken` file (`from_tiktoken`): one `base64(bytes) rank` per line, no
   dependency; special tokens such as `<|endoftext|>` are given by the caller.
 
@@ -38,6 +39,7 @@ from static_keras.strings.byte_decoding import byte_fallback_value
 from static_keras.strings.byte_decoding import decode_byte_level
 from static_keras.strings.byte_decoding import decode_sentencepiece
 from static_keras.strings.byte_decoding import is_byte_level
+from static_keras.strings.gguf_metadata import read_gguf_metadata
 from static_keras.strings.token_trie import TokenTrie
 
 #: GGUF token types (llama.cpp `llama_token_type`).
@@ -188,7 +190,7 @@ class TokenVocabulary:
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike, *, eos_token_id: int | None = None):
-        """The vocabulary of a GGUF file (read with the `gguf` package).
+        """The vocabulary of a GGUF file (its metadata only; see `gguf_metadata`).
 
         `tokenizer.ggml.model` `gpt2` is byte-level BPE, `llama` (and `t5`)
         SentencePiece with byte tokens (type 6, `<0xNN>`). Token types
@@ -196,36 +198,24 @@ class TokenVocabulary:
         user-defined tokens (4) are their UTF-8 text. `eos_token_id`
         defaults to `tokenizer.ggml.eos_token_id`.
         """
-        try:
-            import gguf
-        except ImportError as error:  # pragma: no cover - depends on the environment
-            raise ImportError(
-                "Loading a GGUF vocabulary needs the `gguf` package "
-                "(pip install 'static-keras[strings]')"
-            ) from error
         path = os.fspath(path)
-        reader = gguf.GGUFReader(path)
-
-        def field(key):
-            return reader.fields.get(key)
-
-        model_field = field("tokenizer.ggml.model")
-        tokens_field = field("tokenizer.ggml.tokens")
-        if model_field is None or tokens_field is None:
+        fields = read_gguf_metadata(path)
+        model = fields.get("tokenizer.ggml.model")
+        texts = fields.get("tokenizer.ggml.tokens")
+        if not isinstance(model, bytes) or not isinstance(texts, list):
             raise ValueError(f"{path!r} holds no tokenizer (tokenizer.ggml.tokens)")
-        model = bytes(model_field.parts[model_field.data[0]]).decode()
+        model = model.decode()
         if model == "gpt2":
             scheme = "byte_level"
         elif model in ("llama", "t5"):
             scheme = "sentencepiece"
         else:
             raise ValueError(f"GGUF tokenizer model {model!r} is not supported (gpt2, llama, t5)")
-        texts = [bytes(tokens_field.parts[i]) for i in tokens_field.data]
-        types_field = field("tokenizer.ggml.token_type")
-        if types_field is not None:
-            types = np.array([int(types_field.parts[i][0]) for i in types_field.data])
-        else:
+        types = fields.get("tokenizer.ggml.token_type")
+        if types is None:
             types = np.full(len(texts), GGUF_NORMAL)
+        elif len(types) != len(texts):
+            raise ValueError(f"{path!r}: {len(types)} token types for {len(texts)} tokens")
         tokens = []
         for raw, kind in zip(texts, types):
             text = raw.decode("utf-8", errors="surrogateescape")
@@ -237,10 +227,8 @@ class TokenVocabulary:
             else:
                 tokens.append(raw)
         special = np.isin(types, (GGUF_UNKNOWN, GGUF_CONTROL, GGUF_UNUSED))
-        if eos_token_id is None:
-            eos_field = field("tokenizer.ggml.eos_token_id")
-            if eos_field is not None:
-                eos_token_id = int(eos_field.parts[eos_field.data[0]][0])
+        if eos_token_id is None and "tokenizer.ggml.eos_token_id" in fields:
+            eos_token_id = int(fields["tokenizer.ggml.eos_token_id"])
         return cls(tokens, special=special, eos_token_id=eos_token_id, name=path)
 
     @classmethod
