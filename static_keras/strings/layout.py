@@ -22,12 +22,8 @@ from static_keras.index.layout import token_dtype
 
 
 def state_dtype(num_states: int) -> np.dtype:
-    """The narrowest dtype that holds every state id."""
-    if num_states <= 2**8:
-        return np.dtype(np.uint8)
-    if num_states <= 2**16:
-        return np.dtype(np.uint16)
-    return np.dtype(np.int32)
+    """The narrowest dtype that holds every state id (the rule of token ids)."""
+    return token_dtype(num_states)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,113 @@
+"""One-file index archives: an uncompressed `.npz` plus one JSON document.
+
+Shared by the semantic-ID index (`index.serialization`) and the string index
+(`strings.serialization`), which differ only in their layout and arrays:
+
+- `write` writes a temporary file beside the target, fsyncs it and renames
+  it, so a reader (a server polling a folder) never sees half a file;
+- `read` never unpickles (`allow_pickle=False`) and turns every way a file
+  can be broken into one `ValueError` that names the file;
+- `check_document` and `check_arrays` check the format name and version,
+  and every array's shape and dtype against what the layout needs;
+- `checksum` is the SHA-256 of a layout config and arrays.
+
+NumPy and the standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import zipfile
+
+import numpy as np
+
+_METADATA_KEY = "__metadata__"
+
+
+def checksum(config: dict, arrays: dict[str, np.ndarray]) -> str:
+    """SHA-256 of a layout config and arrays (names, dtypes, shapes, bytes)."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps(config, sort_keys=True).encode())
+    for name in sorted(arrays):
+        array = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}:{array.dtype.str}:{array.shape};".encode())
+        digest.update(memoryview(array).cast("B"))
+    return digest.hexdigest()
+
+
+def write(path, arrays: dict[str, np.ndarray], document: dict, *, temp_prefix: str) -> None:
+    """Writes `arrays` and `document` to `path` atomically (write, then rename)."""
+    path = os.fspath(path)
+    payload = dict(arrays)
+    text = json.dumps(document, sort_keys=True)
+    payload[_METADATA_KEY] = np.frombuffer(text.encode(), dtype=np.uint8)
+    directory = os.path.dirname(os.path.abspath(path))
+    handle, temporary = tempfile.mkstemp(prefix=temp_prefix, dir=directory)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            np.savez(file, **payload)
+            file.flush()
+            os.fsync(file.fileno())
+        os.chmod(temporary, 0o644)  # mkstemp creates 0600; an index is shared
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def read(path, *, kind: str) -> tuple[dict[str, np.ndarray], dict | None]:
+    """`(arrays, document)` of an archive; `document` is None when absent.
+
+    `kind` names the file in errors ("index", "string index").
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"No {kind} file at {path!r}")
+    try:
+        # Open the file here so it is closed even when NumPy rejects it.
+        with open(path, "rb") as file, np.load(file, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+        raw = arrays.pop(_METADATA_KEY, None)
+        document = None if raw is None else json.loads(raw.tobytes().decode())
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, TypeError, AttributeError) as error:
+        # TypeError/AttributeError: a plain .npy, which is not an archive.
+        # ValueError covers NumPy's header errors and corrupt JSON/UTF-8.
+        raise ValueError(
+            f"{path!r} is truncated or corrupt and cannot be read as a static-keras {kind} "
+            f"({type(error).__name__}: {error})"
+        ) from None
+    return arrays, document
+
+
+def check_document(path, document, *, name: str, version: int, kind: str) -> None:
+    """ValueError unless `document` is a metadata dict of format `name`, `version`."""
+    path = os.fspath(path)
+    if not isinstance(document, dict):
+        raise ValueError(f"{path!r} is not a static-keras {kind} (no metadata)")
+    if document.get("format") != name:
+        raise ValueError(f"{path!r} is not a static-keras {kind} file")
+    found = document.get("format_version")
+    if found != version:
+        raise ValueError(
+            f"{path!r} has {kind} format version {found}; this static-keras reads "
+            f"version {version}. Rebuild the index with this version"
+        )
+
+
+def check_arrays(path, arrays: dict[str, np.ndarray], expected: dict) -> None:
+    """ValueError unless `arrays` are exactly `expected` {name: (shape, dtype)}."""
+    path = os.fspath(path)
+    if set(arrays) != set(expected):
+        raise ValueError(
+            f"{path!r} holds arrays {sorted(arrays)}; its layout needs {sorted(expected)}"
+        )
+    for name, (shape, dtype) in expected.items():
+        if arrays[name].shape != shape or arrays[name].dtype != dtype:
+            raise ValueError(
+                f"{path!r}: array {name!r} has shape {arrays[name].shape} and "
+                f"dtype {arrays[name].dtype}, expected {shape} and {dtype}"
+            )
