@@ -98,16 +98,18 @@ def check_document(path, document, *, name: str, version: int, kind: str) -> Non
         )
 
 
-def check_arrays(path, arrays: dict[str, np.ndarray], expected: dict) -> None:
-    """ValueError unless `arrays` are exactly `expected` {name: (shape, dtype)}."""
-    path = os.fspath(path)
+def check_arrays(owner: str, arrays: dict[str, np.ndarray], expected: dict) -> None:
+    """ValueError unless `arrays` are exactly `expected` {name: (shape, dtype)}.
+
+    `owner` starts the message: a file's `repr(path)`, or "StaticIndex".
+    """
     if set(arrays) != set(expected):
         raise ValueError(
-            f"{path!r} holds arrays {sorted(arrays)}; its layout needs {sorted(expected)}"
+            f"{owner} holds arrays {sorted(arrays)}; its layout needs {sorted(expected)}"
         )
     for name, (shape, dtype) in expected.items():
         if arrays[name].shape != shape or arrays[name].dtype != dtype:
             raise ValueError(
-                f"{path!r}: array {name!r} has shape {arrays[name].shape} and "
+                f"{owner}: array {name!r} has shape {arrays[name].shape} and "
                 f"dtype {arrays[name].dtype}, expected {shape} and {dtype}"
             )

@@ -53,7 +53,7 @@ def load(path) -> tuple[IndexLayout, dict[str, np.ndarray]]:
         raise ValueError(
             f"{path!r} has an invalid index layout in its metadata ({error})"
         ) from None
-    npz_archive.check_arrays(path, arrays, layout.array_shapes())
+    npz_archive.check_arrays(repr(path), arrays, layout.array_shapes())
     if checksum(layout, arrays) != document.get("checksum"):
         raise ValueError(f"{path!r} failed its checksum: the file is corrupt")
     return layout, arrays

@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 
+from static_keras.index import npz_archive
 from static_keras.index import serialization
 from static_keras.index.builder import DEFAULT_DENSE_BUDGET_BYTES
 from static_keras.index.builder import build_arrays
@@ -44,19 +45,7 @@ class StaticIndex:
     """
 
     def __init__(self, layout: IndexLayout, arrays: dict[str, np.ndarray]):
-        expected = layout.array_shapes()
-        if set(arrays) != set(expected):
-            raise ValueError(
-                f"Index arrays {sorted(arrays)} do not match the layout, "
-                f"which needs {sorted(expected)}"
-            )
-        for name, (shape, dtype) in expected.items():
-            array = arrays[name]
-            if array.shape != shape or array.dtype != dtype:
-                raise ValueError(
-                    f"Index array {name!r} has shape {array.shape} and dtype "
-                    f"{array.dtype}; the layout needs {shape} and {dtype}"
-                )
+        npz_archive.check_arrays("StaticIndex", arrays, layout.array_shapes())
         self._layout = layout
         self._arrays = dict(arrays)
 

@@ -71,7 +71,9 @@ def load(path) -> tuple[StringIndexLayout, dict[str, np.ndarray], dict]:
     data = arrays.get("string_data")
     if offsets is None or data is None or offsets.ndim != 1 or offsets.size < 2:
         raise ValueError(f"{path!r} holds no member strings")
-    npz_archive.check_arrays(path, arrays, expected_shapes(layout, offsets.size - 1, data.size))
+    npz_archive.check_arrays(
+        repr(path), arrays, expected_shapes(layout, offsets.size - 1, data.size)
+    )
     if checksum(layout, arrays) != document.get("checksum"):
         raise ValueError(f"{path!r} failed its checksum: the file is corrupt")
     return layout, arrays, document

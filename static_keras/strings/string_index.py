@@ -7,6 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
+from static_keras.index import npz_archive
 from static_keras.strings import kernels
 from static_keras.strings import serialization
 from static_keras.strings.builder import BuildStats
@@ -74,17 +75,7 @@ class StringIndex:
         if offsets is None or data is None:
             raise ValueError("A StringIndex needs `string_offsets` and `string_data` arrays")
         expected = serialization.expected_shapes(layout, offsets.size - 1, data.size)
-        if set(arrays) != set(expected):
-            raise ValueError(
-                f"String index arrays {sorted(arrays)} do not match the layout, "
-                f"which needs {sorted(expected)}"
-            )
-        for name, (shape, dtype) in expected.items():
-            if arrays[name].shape != shape or arrays[name].dtype != dtype:
-                raise ValueError(
-                    f"String index array {name!r} has shape {arrays[name].shape} and "
-                    f"dtype {arrays[name].dtype}; the layout needs {shape} and {dtype}"
-                )
+        npz_archive.check_arrays("StringIndex", arrays, expected)
         self._layout = layout
         self._arrays = dict(arrays)
         self.vocab_checksum = vocab_checksum
