@@ -14,7 +14,8 @@ Measured per vocabulary:
 - compile time per K (median of `--repeats` after one warm-up compile for
   ours; peers run in a child process each, capped by `--peer-timeout` and
   reported "timed out" rather than waited for);
-- memory: our device arrays and the traced peak of a compile (tracemalloc),
+- memory: our device arrays and the peak memory of a compile (resident-set
+  high-water mark in a fresh process, `ours_memory`),
   XGrammar's `memory_size_bytes`, the peers' RSS growth;
 - per-step mask time at `--batch` rows: `--batches` batches of (decode path,
   position) pairs drawn from random decode paths through the set; ours fills
@@ -39,7 +40,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tracemalloc
 
 import numpy as np
 
@@ -148,11 +148,34 @@ def _time_ours(strings, vocab, repeats):
         start = time.perf_counter()
         index = StringIndex.from_strings(strings, vocab)
         times.append(time.perf_counter() - start)
-    tracemalloc.start()
-    StringIndex.from_strings(strings, vocab)
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    return index, times, peak
+    return index, times
+
+
+def _peak_ours(vocab_npz, strings, cache_dir) -> float:
+    """Peak memory (bytes) of one compile, measured in a fresh process."""
+    tag = f"ours-{os.getpid()}-{time.monotonic_ns()}"
+    strings_file = os.path.join(cache_dir, f"{tag}-strings.json")
+    job_file = os.path.join(cache_dir, f"{tag}-job.json")
+    with open(strings_file, "w") as file:
+        json.dump(strings, file, ensure_ascii=False)
+    with open(job_file, "w") as file:
+        json.dump({"vocab": vocab_npz, "strings": strings_file}, file)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.strings.ours_memory", job_file],
+            cwd=REPO,
+            # glibc: every allocation of 64 KiB or more gets its own mapping,
+            # returned on free, so resident memory follows live memory.
+            env=dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536"),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    finally:
+        for path in (strings_file, job_file):
+            os.unlink(path)
+    peak = json.loads(done.stdout.strip().splitlines()[-1])["peak_bytes"]
+    return float("nan") if peak is None else float(peak)
 
 
 def _run_peer(peer, vocab_npz, strings, repeats, timeout, cache_dir, paths=None):
@@ -417,7 +440,8 @@ def main(argv=None):
             k = len(strings)
             mean_chars = sum(map(len, strings)) / k
             repeats = args.repeats if k <= 10000 else max(1, args.repeats // 2)
-            index, times, peak = _time_ours(strings, vocab, repeats)
+            index, times = _time_ours(strings, vocab, repeats)
+            peak = _peak_ours(vocab_npz, strings, args.cache_dir)
             base = {
                 "vocab": label,
                 "vocab_size": vocab.vocab_size,
