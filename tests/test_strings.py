@@ -182,6 +182,18 @@ def test_tokens_crossing_several_trie_edges_and_shared_next_states():
     assert index.lookup_item_ids([[6, 2, 7]]).tolist() == [0]
 
 
+def test_dense_automaton_outgrows_the_compilers_first_buffers():
+    # Runs of "a" up to 12 bytes under a 40-byte member: 12 tokens per state,
+    # more edges than the join's first guess (4 per trie node).
+    tokens = [b"a" * n for n in range(1, 13)] + [b"<eos>"]
+    vocab = TokenVocabulary.from_token_bytes(tokens, special=[12])
+    members = ["a" * 40, "a" * 7]
+    index = StringIndex.from_strings(members, vocab, eos_token_id=12)
+    assert index.layout.num_edges > 4 * 41
+    _check_against_oracle(index, vocab, members)
+    assert index.lookup_item_ids([[11, 11, 11, 3, 12], [6, 12], [2, 3, 12]]).tolist() == [0, 1, 1]
+
+
 def test_special_tokens_and_eos_are_never_text():
     # A special token and EOS both spell "ab": neither may be used as text.
     tokens = [b"a", b"b", b"ab", b"ab", b"ab"]
