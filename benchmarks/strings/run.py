@@ -118,6 +118,7 @@ def _versions() -> dict:
         ("outlines-core", "outlines_core"),
         ("tokenizers", "tokenizers"),
         ("gguf", "gguf"),
+        ("numba", "numba"),
     ):
         try:
             from importlib.metadata import version
