@@ -1,8 +1,9 @@
 """`ByteTrie`: a trie over byte strings, built with vectorised NumPy.
 
-Both sides of a string constraint are byte tries: the K member strings, and
-the token strings of a vocabulary (built once per vocabulary and reused). The
-build sorts the distinct strings once, then derives every node from one
+The token strings of a vocabulary are a `ByteTrie` in level order, built
+once per vocabulary and reused (the member strings of a set are built in
+preorder by `kernels.preorder_trie`, the order the compiler's walks need).
+The build sorts the distinct strings once, then derives every node from one
 number per string, the length of the prefix it shares with the previous
 sorted string (`lcp`), exactly like the semantic-ID builder: string `i`
 opens new nodes at depths `lcp_i + 1 .. len_i`. No Python loop over strings.
