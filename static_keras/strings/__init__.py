@@ -7,8 +7,9 @@ strings against a `TokenVocabulary` (a list of token bytes, a Hugging Face
 `StaticIndex`, through its `StringConstrainedDecoding` layer
 (`index.constraint_layer()`); `StringLogitsProcessor` serves any other decode
 loop. The builder modules (vocabulary, tries, builder, layout,
-serialization, index) import NumPy only; the layer module imports Keras, and
-importing this package registers it for `.keras` loading.
+serialization, index) import NumPy only, and the compiler's loops
+(`kernels`) Numba; the layer module imports Keras, and importing this
+package registers it for `.keras` loading.
 """
 
 from static_keras.strings.layout import StringIndexLayout
