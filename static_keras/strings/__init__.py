@@ -6,10 +6,10 @@ strings against a `TokenVocabulary` (a list of token bytes, a Hugging Face
 `ConstrainedBeamSearch` and SavedModel export take the index like a
 `StaticIndex`, through its `StringConstrainedDecoding` layer
 (`index.constraint_layer()`); `StringLogitsProcessor` serves any other decode
-loop. The builder modules (vocabulary, tries, builder, layout,
-serialization, index) import NumPy only, and the compiler's loops
-(`kernels`) Numba; the layer module imports Keras, and importing this
-package registers it for `.keras` loading.
+loop. The host-side modules (vocabulary, tries, builder, layout,
+serialization, index) import no deep-learning backend: NumPy, plus Numba for
+the compiler's loops (`kernels`); the layer module imports Keras, and
+importing this package registers it for `.keras` loading.
 """
 
 from static_keras.strings.layout import StringIndexLayout
