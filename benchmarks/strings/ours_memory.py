@@ -16,9 +16,8 @@ null.
 from __future__ import annotations
 
 import json
-import sys
 
-from benchmarks.strings.peers import load_vocabulary
+from benchmarks.strings import peers
 from static_keras.strings import StringIndex
 from static_keras.strings import TokenVocabulary
 
@@ -32,7 +31,7 @@ def _status_kib(field: str) -> int:
 
 
 def run(job: dict) -> dict:
-    tokens, special, eos = load_vocabulary(job["vocab"])
+    tokens, special, eos = peers.load_vocabulary(job["vocab"])
     vocab = TokenVocabulary.from_token_bytes(tokens, special=special, eos_token_id=eos)
     vocab.trie  # noqa: B018 - the vocabulary side is not part of a set's compile
     with open(job["strings"]) as file:
@@ -49,10 +48,7 @@ def run(job: dict) -> dict:
 
 
 def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    with open(argv[0]) as file:
-        job = json.load(file)
-    print(json.dumps(run(job)), flush=True)
+    peers.main(argv, runner=run)
 
 
 if __name__ == "__main__":

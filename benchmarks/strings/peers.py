@@ -244,11 +244,13 @@ def run(job: dict) -> dict:
     return result
 
 
-def main(argv=None) -> None:
+def main(argv=None, runner=None) -> None:
+    """Reads the job file named on the command line, prints `runner(job)` as
+    one JSON line (`runner` defaults to this module's `run`)."""
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0]) as file:
         job = json.load(file)
-    print(json.dumps(run(job)), flush=True)
+    print(json.dumps((runner or run)(job)), flush=True)
 
 
 if __name__ == "__main__":

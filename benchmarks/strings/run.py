@@ -152,62 +152,65 @@ def _time_ours(strings, vocab, repeats):
     return index, times
 
 
-def _peak_ours(vocab_npz, strings, cache_dir) -> float:
-    """Peak memory (bytes) of one compile, measured in a fresh process."""
-    tag = f"ours-{os.getpid()}-{time.monotonic_ns()}"
+def _run_job(module, job, strings, cache_dir, *, timeout=None, env=None):
+    """Runs `python -m module JOB.json` on `job` plus the strings (written to a
+    file beside it); returns the finished process, or None on timeout."""
+    tag = f"{job.get('peer', 'ours')}-{os.getpid()}-{time.monotonic_ns()}"
     strings_file = os.path.join(cache_dir, f"{tag}-strings.json")
     job_file = os.path.join(cache_dir, f"{tag}-job.json")
     with open(strings_file, "w") as file:
         json.dump(strings, file, ensure_ascii=False)
     with open(job_file, "w") as file:
-        json.dump({"vocab": vocab_npz, "strings": strings_file}, file)
+        json.dump(dict(job, strings=strings_file), file)
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.strings.ours_memory", job_file],
+        return subprocess.run(
+            [sys.executable, "-m", module, job_file],
             cwd=REPO,
-            # glibc: every allocation of 64 KiB or more gets its own mapping,
-            # returned on free, so resident memory follows live memory.
-            env=dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536"),
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    finally:
-        for path in (strings_file, job_file):
-            os.unlink(path)
-    peak = json.loads(done.stdout.strip().splitlines()[-1])["peak_bytes"]
-    return float("nan") if peak is None else float(peak)
-
-
-def _run_peer(peer, vocab_npz, strings, repeats, timeout, cache_dir, paths=None):
-    tag = f"{peer}-{os.getpid()}-{time.monotonic_ns()}"
-    strings_file = os.path.join(cache_dir, f"{tag}-strings.json")
-    with open(strings_file, "w") as file:
-        json.dump(strings, file, ensure_ascii=False)
-    job = {"peer": peer, "vocab": vocab_npz, "strings": strings_file, "repeats": repeats}
-    if paths is not None:
-        job["paths"] = paths
-        job["masks_out"] = os.path.join(cache_dir, f"{tag}-masks.npy")
-    job_file = os.path.join(cache_dir, f"{tag}-job.json")
-    with open(job_file, "w") as file:
-        json.dump(job, file)
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.strings.peers", job_file],
-            cwd=REPO,
+            env=env,
             capture_output=True,
             text=True,
             timeout=timeout,
         )
     except subprocess.TimeoutExpired:
-        return {"status": f"timed out (> {timeout:.0f} s)"}
+        return None
     finally:
         for name in (strings_file, job_file):
             os.unlink(name)
+
+
+def _last_json(done) -> dict:
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _peak_ours(vocab_npz, strings, cache_dir) -> float:
+    """Peak memory (bytes) of one compile, measured in a fresh process."""
+    done = _run_job(
+        "benchmarks.strings.ours_memory",
+        {"vocab": vocab_npz},
+        strings,
+        cache_dir,
+        # glibc: every allocation of 64 KiB or more gets its own mapping,
+        # returned on free, so resident memory follows live memory.
+        env=dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536"),
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"ours_memory failed: {done.stderr.strip()[-500:]}")
+    peak = _last_json(done)["peak_bytes"]
+    return float("nan") if peak is None else float(peak)
+
+
+def _run_peer(peer, vocab_npz, strings, repeats, timeout, cache_dir, paths=None):
+    job = {"peer": peer, "vocab": vocab_npz, "repeats": repeats}
+    if paths is not None:
+        job["paths"] = paths
+        job["masks_out"] = os.path.join(cache_dir, f"{peer}-{os.getpid()}-masks.npy")
+    done = _run_job("benchmarks.strings.peers", job, strings, cache_dir, timeout=timeout)
+    if done is None:
+        return {"status": f"timed out (> {timeout:.0f} s)"}
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["?"])[-1]
         return {"status": f"error: {last[:160]}"}
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = _last_json(done)
     result["status"] = "ok"
     if paths is not None:
         result["masks"] = np.load(job["masks_out"])
@@ -231,6 +234,19 @@ def _sample_paths(index, count, rng):
     for i, path in enumerate(paths):
         out[i, : len(path)] = path
     return out, np.array([len(p) for p in paths])
+
+
+def _mask_row(base, engine, per_row, per_call=None) -> dict:
+    """One row of the mask table: µs per row (and per call, for the peers)."""
+    return dict(
+        base,
+        engine=engine,
+        per_row_us_median=statistics.median(per_row),
+        per_row_us_p90=_percentile(per_row, 90),
+        per_call_us_median="" if per_call is None else statistics.median(per_call),
+        per_call_us_p90="" if per_call is None else _percentile(per_call, 90),
+        status="ok",
+    )
 
 
 def _percentile(values, q):
@@ -286,18 +302,7 @@ def _mask_benchmark(args, vocab, vocab_npz, index, strings, k, rows_out, diff_ou
         ("static-keras (one call per batch)", batch_ns),
         ("static-keras (one call per batch, cold cache)", cold_ns),
     ):
-        per_row = [t / args.batch / 1000 for t in times]
-        rows_out.append(
-            dict(
-                base,
-                engine=engine,
-                per_row_us_median=statistics.median(per_row),
-                per_row_us_p90=_percentile(per_row, 90),
-                per_call_us_median="",
-                per_call_us_p90="",
-                status="ok",
-            )
-        )
+        rows_out.append(_mask_row(base, engine, [t / args.batch / 1000 for t in times]))
     if args.layer:
         rows_out.extend(_layer_benchmark(args, index, states, base))
     for peer in args.peers:
@@ -312,30 +317,11 @@ def _mask_benchmark(args, vocab, vocab_npz, index, strings, k, rows_out, diff_ou
             continue
         per_batch = [t / args.batch / 1000 for t in result["per_batch_ns"]]
         calls = [t / 1000 for t in result["per_call_ns"]]
-        rows_out.append(
-            dict(
-                base,
-                engine=f"{peer} (one call per row)",
-                per_row_us_median=statistics.median(per_batch),
-                per_row_us_p90=_percentile(per_batch, 90),
-                per_call_us_median=statistics.median(calls),
-                per_call_us_p90=_percentile(calls, 90),
-                status="ok",
-            )
-        )
+        rows_out.append(_mask_row(base, f"{peer} (one call per row)", per_batch, calls))
         if result.get("batch_api_ns"):
             api = [t / args.batch / 1000 for t in result["batch_api_ns"]]
-            rows_out.append(
-                dict(
-                    base,
-                    engine=f"{peer} (batch API, {os.cpu_count()} threads)",
-                    per_row_us_median=statistics.median(api),
-                    per_row_us_p90=_percentile(api, 90),
-                    per_call_us_median="",
-                    per_call_us_p90="",
-                    status="ok",
-                )
-            )
+            engine = f"{peer} (batch API, {os.cpu_count()} threads)"
+            rows_out.append(_mask_row(base, engine, api))
         theirs = result["masks"]
         differ = np.flatnonzero((theirs != ours_masks).any(axis=1))
         examples = []
@@ -386,17 +372,7 @@ def _layer_benchmark(args, index, states, base):
             tick = time.perf_counter_ns()
             np.asarray(fn(s))
             times.append((time.perf_counter_ns() - tick) / args.batch / 1000)
-        rows.append(
-            dict(
-                base,
-                engine=f"static-keras Keras layer, TF CPU: {name}",
-                per_row_us_median=statistics.median(times),
-                per_row_us_p90=_percentile(times, 90),
-                per_call_us_median="",
-                per_call_us_p90="",
-                status="ok",
-            )
-        )
+        rows.append(_mask_row(base, f"static-keras Keras layer, TF CPU: {name}", times))
     return rows
 
 
