@@ -1,40 +1,48 @@
 """static-keras: STATIC constrained decoding for Keras 3 and TensorFlow Serving.
 
-Importing the package registers its Keras layers, so `keras.saving.load_model`
-finds them. The modules under `static_keras.index` themselves import NumPy
-only (no Keras, no TensorFlow), which keeps index building testable alone.
+The top-level names load on first use (PEP 562), so that the offline side
+(`static_keras.index`, the string compiler in `static_keras.strings`) imports
+NumPy only: an index-building job never pays for Keras and TensorFlow.
+
+Keras layers register for `.keras` loading when their module is imported
+(any top-level layer name does it); in a process that has used none yet,
+load with `static_keras.saving.load_model(path)` (or call
+`static_keras.saving.register_layers()` before `keras.saving.load_model`).
 """
 
-from static_keras.decoding.beam_search import beam_search
-from static_keras.decoding.constrained_beam_search import ConstrainedBeamSearch
-from static_keras.index.layout import IndexLayout
-from static_keras.index.static_index import StaticIndex
-from static_keras.layers.cached_transformer_decoder import CachedTransformerDecoder
-from static_keras.layers.cached_transformer_decoder import TeacherForcing
-from static_keras.layers.constrained_decoding import INVALID_STATE
-from static_keras.layers.constrained_decoding import MASKED_LOGIT
-from static_keras.layers.constrained_decoding import PAD_TOKEN
-from static_keras.layers.constrained_decoding import ConstrainedDecoding
-from static_keras.strings import StringConstrainedDecoding
-from static_keras.strings import StringIndex
-from static_keras.strings import StringLogitsProcessor
-from static_keras.strings import TokenVocabulary
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CachedTransformerDecoder",
-    "ConstrainedBeamSearch",
-    "ConstrainedDecoding",
-    "INVALID_STATE",
-    "IndexLayout",
-    "MASKED_LOGIT",
-    "PAD_TOKEN",
-    "StaticIndex",
-    "StringConstrainedDecoding",
-    "StringIndex",
-    "StringLogitsProcessor",
-    "TeacherForcing",
-    "TokenVocabulary",
-    "beam_search",
-]
+# name -> the module that defines it
+_LAZY = {
+    "CachedTransformerDecoder": "static_keras.layers.cached_transformer_decoder",
+    "TeacherForcing": "static_keras.layers.cached_transformer_decoder",
+    "ConstrainedDecoding": "static_keras.layers.constrained_decoding",
+    "ConstrainedBeamSearch": "static_keras.decoding.constrained_beam_search",
+    "beam_search": "static_keras.decoding.beam_search",
+    "IndexLayout": "static_keras.index.layout",
+    "StaticIndex": "static_keras.index.static_index",
+    "INVALID_STATE": "static_keras.constants",
+    "MASKED_LOGIT": "static_keras.constants",
+    "PAD_TOKEN": "static_keras.constants",
+    "StringConstrainedDecoding": "static_keras.strings.string_constrained_decoding",
+    "StringIndex": "static_keras.strings.string_index",
+    "StringLogitsProcessor": "static_keras.strings.logits_processor",
+    "TokenVocabulary": "static_keras.strings.vocabulary",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'static_keras' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

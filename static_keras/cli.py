@@ -123,13 +123,11 @@ def _cmd_demo(args) -> None:
 
 
 def _load_model(path: str):
-    import keras
-
-    import static_keras  # noqa: F401 (registers the layers for loading)
+    from static_keras import saving
 
     if not os.path.isfile(path):
         raise UserError(f"no such model file: {path}")
-    return keras.saving.load_model(path)
+    return saving.load_model(path)
 
 
 def _model_with_index(args):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
+from static_keras.constants import INVALID_STATE
+from static_keras.constants import PAD_TOKEN
 from static_keras.index.builder import validate_sequences
-from static_keras.layers.constrained_decoding import INVALID_STATE
-from static_keras.layers.constrained_decoding import PAD_TOKEN
 
 
 def sorted_unique(sequences, vocab_size: int) -> np.ndarray:

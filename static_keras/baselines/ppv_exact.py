@@ -11,7 +11,7 @@ from static_keras.baselines._common import common_prefix_lengths
 from static_keras.baselines._common import num_candidates
 from static_keras.baselines._common import pad_invalid
 from static_keras.baselines._common import sorted_unique
-from static_keras.layers.constrained_decoding import INVALID_STATE
+from static_keras.constants import INVALID_STATE
 
 SEARCH_METHODS = ("native", "unrolled")
 

@@ -9,9 +9,9 @@ import keras
 import numpy as np
 from keras import ops
 
+from static_keras.constants import INVALID_STATE
+from static_keras.constants import PAD_TOKEN
 from static_keras.index.static_index import StaticIndex
-from static_keras.layers.constrained_decoding import INVALID_STATE
-from static_keras.layers.constrained_decoding import PAD_TOKEN
 from static_keras.layers.constrained_decoding import ConstrainedDecoding
 
 StepFn = Callable[[Any, Any], tuple[Any, Any]]

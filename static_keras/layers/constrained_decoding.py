@@ -7,16 +7,13 @@ import numpy as np
 from keras import ops
 
 from static_keras.api_export import static_keras_export
+from static_keras.constants import INVALID_STATE
+from static_keras.constants import MASKED_LOGIT
+from static_keras.constants import PAD_TOKEN
 from static_keras.index.layout import IndexLayout
 from static_keras.index.static_index import StaticIndex
 
-#: Score given to masked tokens in "mask" mode: finite, so a softmax or a
-#: log-sum-exp over a row that the index masks entirely stays finite.
-MASKED_LOGIT = -1e9
-#: Token id of a padding candidate (no valid continuation).
-PAD_TOKEN = -1
-#: State of a row that has left the valid set (a padding beam).
-INVALID_STATE = -1
+__all__ = ["INVALID_STATE", "MASKED_LOGIT", "PAD_TOKEN", "ConstrainedDecoding"]
 
 
 @static_keras_export

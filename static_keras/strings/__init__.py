@@ -7,21 +7,34 @@ strings against a `TokenVocabulary` (a list of token bytes, a Hugging Face
 `StaticIndex`, through its `StringConstrainedDecoding` layer
 (`index.constraint_layer()`); `StringLogitsProcessor` serves any other decode
 loop. The host-side modules (vocabulary, tries, builder, layout,
-serialization, index) import no deep-learning backend: NumPy, plus Numba for
-the compiler's loops (`kernels`); the layer module imports Keras, and
-importing this package registers it for `.keras` loading.
+serialization, index, logits processor) import no deep-learning backend:
+NumPy, plus Numba for the compiler's loops (`kernels`). The names load on
+first use, so `from static_keras.strings import StringIndex` imports neither
+Keras nor TensorFlow; the layer module imports Keras and registers the layer
+for `.keras` loading.
 """
 
-from static_keras.strings.layout import StringIndexLayout
-from static_keras.strings.logits_processor import StringLogitsProcessor
-from static_keras.strings.string_constrained_decoding import StringConstrainedDecoding
-from static_keras.strings.string_index import StringIndex
-from static_keras.strings.vocabulary import TokenVocabulary
+import importlib
 
-__all__ = [
-    "StringConstrainedDecoding",
-    "StringIndex",
-    "StringIndexLayout",
-    "StringLogitsProcessor",
-    "TokenVocabulary",
-]
+_LAZY = {
+    "StringConstrainedDecoding": "static_keras.strings.string_constrained_decoding",
+    "StringIndex": "static_keras.strings.string_index",
+    "StringIndexLayout": "static_keras.strings.layout",
+    "StringLogitsProcessor": "static_keras.strings.logits_processor",
+    "TokenVocabulary": "static_keras.strings.vocabulary",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'static_keras.strings' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

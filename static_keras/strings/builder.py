@@ -14,8 +14,9 @@ Steps (the loops in `kernels`, compiled with Numba; everything else NumPy):
 3. Drop dead ends (states from which no member can be completed: a
    vocabulary without some single-byte token can strand a path) in one
    reverse pass, and find the step counts at which decoding can be at each
-   state in one forward pass (`kernels.live_states`): preorder ids are a
-   topological order, since a token always moves deeper.
+   state in two forward passes (`kernels.live_states`: an exact range and a
+   64-step window per state, 16 bytes whatever the longest member): preorder
+   ids are a topological order, since a token always moves deeper.
 4. Renumber the live states and write the CSR rows; B_t is the largest
    fan-out among states reachable at step t (`kernels.renumber`).
 """
@@ -87,12 +88,6 @@ def encode_strings(strings) -> list[bytes]:
     return encoded
 
 
-def _bits(steps: np.ndarray, rows) -> np.ndarray:
-    """bool `[len(rows), 64 * words]`: the step bitsets of `rows` unpacked."""
-    stacked = steps[rows].astype("<u8")
-    return np.unpackbits(stacked.view(np.uint8), axis=1, bitorder="little").astype(bool)
-
-
 def build_string_arrays(
     strings: Sequence[str | bytes],
     vocabulary: TokenVocabulary,
@@ -156,10 +151,9 @@ def build_string_arrays(
     join_edges = int(tok.size) - num_members
     clock["join"] = time.perf_counter()
 
-    # 3. Dead ends, and the step counts (bit t: some t-token path) of each state.
-    words = (int(depth.max()) + 2 + 63) // 64
-    alive, steps = kernels.live_states(indptr, dst, words)
-    reached = steps.any(axis=1)
+    # 3. Dead ends, and the step counts (range and window) of each state.
+    alive, lo, hi, window = kernels.live_states(indptr, dst)
+    reached = hi >= 0
     if not reached[member_node].all():
         bad = np.flatnonzero(~reached[member_node])
         names = ", ".join(repr(encoded[first[m]].decode("utf-8", "replace")) for m in bad[:_SHOW])
@@ -171,9 +165,8 @@ def build_string_arrays(
     clock["prune"] = time.perf_counter()
 
     # Steps: members finish at step k (k tokens, then EOS at step k).
-    member_bits = _bits(steps, member_node)
-    last_step = member_bits.shape[1] - 1 - np.argmax(member_bits[:, ::-1], axis=1)
-    first_step = np.argmax(member_bits, axis=1)
+    first_step = lo[member_node].astype(np.int64)  # shortest tokenization
+    last_step = hi[member_node].astype(np.int64)  # longest tokenization
     needed = int(last_step.max()) + 1
     if max_length is None:
         max_length = needed
@@ -191,7 +184,7 @@ def build_string_arrays(
     live = reached & alive
     num_trie_states = int(live.sum())
     indptr, tok, next_state, widths = kernels.renumber(
-        indptr, tok, dst, live, steps, eos, num_members
+        indptr, tok, dst, live, lo, hi, window, eos, num_members
     )
     num_states = num_trie_states + num_members
     widths = np.maximum(widths, 1)  # accept states (EOS loop) or nothing at all

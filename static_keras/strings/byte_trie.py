@@ -90,21 +90,19 @@ def sort_unique(strings: Sequence[bytes]) -> tuple[list[bytes], np.ndarray, np.n
         of the first occurrence of each in `strings`, and the rank of each
         input string among `unique`.
     """
+    # Python's sort compares bytes with memcmp and is stable (equal strings
+    # keep their input order, so the first of a run is the first occurrence);
+    # a fixed-width NumPy array would take K x longest bytes.
     count = len(strings)
-    joined = b"".join(strings)
-    if b"\x00" not in joined and count:
-        # NumPy's fixed-width bytes compare like C strings: exact when no NUL.
-        array = np.array(strings, dtype=f"S{max(1, max(map(len, strings)))}")
-        unique, first, inverse = np.unique(array, return_index=True, return_inverse=True)
-        return unique.tolist(), first.astype(np.int64), inverse.reshape(-1).astype(np.int64)
-    positions: dict[bytes, int] = {}
-    for position, value in enumerate(strings):
-        positions.setdefault(value, position)
-    unique = sorted(positions)
-    rank = {value: r for r, value in enumerate(unique)}
-    first = np.fromiter((positions[v] for v in unique), np.int64, len(unique))
-    inverse = np.fromiter((rank[v] for v in strings), np.int64, count)
-    return unique, first, inverse
+    order = sorted(range(count), key=strings.__getitem__)
+    ordered = [strings[i] for i in order]
+    new = np.ones(count, bool)
+    new[1:] = np.fromiter(map(bytes.__ne__, ordered[1:], ordered[:-1]), bool, count - 1)
+    order = np.asarray(order, np.int64)
+    inverse = np.empty(count, np.int64)
+    inverse[order] = np.cumsum(new) - 1
+    unique = [value for value, is_new in zip(ordered, new.tolist()) if is_new]
+    return unique, order[new], inverse
 
 
 def _common_prefix_lengths(flat: np.ndarray, offsets: np.ndarray, lengths: np.ndarray):

@@ -190,12 +190,19 @@ def _grow(array, capacity):
 
 
 @_jit
-def live_states(indptr, targets, words):
+def live_states(indptr, targets):
     """Dead ends and the step counts that reach each state.
 
-    Returns `(alive, steps)`: whether a member can be completed from each
-    node, and bit t of `steps[n]` (`words` uint64 per node) set when some
-    path of t tokens through alive nodes reaches node n.
+    A state's step counts (the t for which some t-token path through alive
+    states reaches it) are kept as the exact range `[lo, hi]` plus a 64-bit
+    window of exact counts from `lo` (bit b: step lo + b). Memory is 16
+    bytes a state whatever the members' lengths; a bitset over every step
+    would grow with states x longest member. Counts past the window
+    (`hi - lo >= 64`, only along members of more than 64 tokens) are taken
+    as the whole range up to `hi`: a superset, so widths stay safe.
+
+    Returns `(alive, lo, hi, window)`: whether a member can be completed from
+    each node, and its step counts (`hi` = -1: unreachable).
     """
     nodes = indptr.size - 1
     alive = np.zeros(nodes, np.bool_)
@@ -204,49 +211,63 @@ def live_states(indptr, targets, words):
             if targets[e] < 0 or alive[targets[e]]:
                 alive[n] = True
                 break
-    steps = np.zeros((nodes, words), np.uint64)
-    if alive[0]:
-        steps[0, 0] = 1
-    for n in range(nodes):
-        if not alive[n]:
+    lo = np.full(nodes, np.iinfo(np.int32).max, np.int32)
+    hi = np.full(nodes, -1, np.int32)
+    window = np.zeros(nodes, np.uint64)
+    if nodes == 0 or not alive[0]:
+        return alive, lo, hi, window
+    lo[0], hi[0], window[0] = 0, 0, 1
+    for n in range(nodes):  # pass 1: the exact range of each state
+        if hi[n] < 0:
             continue
+        for e in range(indptr[n], indptr[n + 1]):
+            target = targets[e]
+            if target >= 0 and alive[target]:
+                lo[target] = min(lo[target], lo[n] + 1)
+                hi[target] = max(hi[target], hi[n] + 1)
+    for n in range(nodes):  # pass 2: the window, relative to each state's lo
+        if hi[n] < 0:
+            continue
+        spill = hi[n] - lo[n] >= 64  # counts beyond the window, as a range
         for e in range(indptr[n], indptr[n + 1]):
             target = targets[e]
             if target < 0 or not alive[target]:
                 continue
-            carry = np.uint64(0)
-            for w in range(words):
-                value = steps[n, w]
-                steps[target, w] |= (value << np.uint64(1)) | carry
-                carry = value >> np.uint64(63)
-    return alive, steps
+            shift = lo[n] + 1 - lo[target]  # >= 0: lo[target] <= lo[n] + 1
+            if shift < 64:
+                window[target] |= window[n] << np.uint64(shift)
+            if spill:  # steps lo[n] + 65 .. hi[n] + 1 of the target's
+                for b in range(max(0, shift + 64), min(64, hi[n] + 2 - lo[target])):
+                    window[target] |= np.uint64(1) << np.uint64(b)
+    return alive, lo, hi, window
 
 
 @_jit
-def renumber(indptr, tokens, targets, live, steps, eos, num_members):
+def renumber(indptr, tokens, targets, live, lo, hi, window, eos, num_members):
     """The final automaton over live states, then one accept state per member.
 
     Returns `(indptr, tokens, next_states, widths)`: CSR rows in state
     order, and per step t the largest fan-out among live states that some
-    t-token path reaches.
+    t-token path reaches (an upper bound past a state's 64-step window).
     """
     nodes = live.size
     new_id = np.full(nodes, -1, np.int64)
     states = 0
+    longest = 0
     for n in range(nodes):
         if live[n]:
             new_id[n] = states
             states += 1
+            longest = max(longest, hi[n])
     total = states + num_members
     out_indptr = np.zeros(total + 1, np.int64)
     out_tokens = np.empty(tokens.size + num_members, np.int32)
     out_next = np.empty(tokens.size + num_members, np.int32)
-    words = steps.shape[1]
-    widths = np.zeros(64 * words, np.int64)
-    most = 0
+    widths = np.zeros(longest + 1, np.int64)
+    spilled = False
     for n in range(nodes):
-        most = max(most, indptr[n + 1] - indptr[n])
-    by_fan_out = np.zeros((most + 1, words), np.uint64)
+        spilled |= live[n] and hi[n] - lo[n] >= 64
+    spans = _range_max_table(longest + 1 if spilled else 0)
     edges = 0
     for n in range(nodes):
         if not live[n]:
@@ -264,21 +285,55 @@ def renumber(indptr, tokens, targets, live, steps, eos, num_members):
                 edges += 1
         out_indptr[new_id[n] + 1] = edges
         fan_out = edges - row
-        for w in range(words):  # the step bits of all states of this fan-out
-            by_fan_out[fan_out, w] |= steps[n, w]
-    for fan_out in range(by_fan_out.shape[0]):
-        for w in range(words):
-            bits = by_fan_out[fan_out, w]
-            if bits:
-                for b in range(64):
-                    if (bits >> np.uint64(b)) & np.uint64(1):
-                        widths[64 * w + b] = max(widths[64 * w + b], fan_out)
+        bits, t = window[n], lo[n]
+        while bits:  # the exact step counts in the window
+            if bits & np.uint64(1):
+                widths[t] = max(widths[t], fan_out)
+            bits >>= np.uint64(1)
+            t += 1
+        if hi[n] - lo[n] >= 64:
+            _range_max_update(spans, lo[n] + 64, hi[n], fan_out)
+    _range_max_apply(spans, widths)
     for m in range(num_members):  # accept states: EOS loops back
         out_tokens[edges] = eos
         out_next[edges] = states + m
         edges += 1
         out_indptr[states + m + 1] = edges
     return out_indptr, out_tokens[:edges].copy(), out_next[:edges].copy(), widths
+
+
+@_jit
+def _range_max_table(size):
+    """Pending "at least v on [a, b]" updates over `size` steps: level k holds
+    updates to the 2**k steps from each position (a sparse table, so an
+    update costs O(1) and applying all of them O(size log size))."""
+    levels = 1
+    while (1 << levels) <= size:
+        levels += 1
+    return np.zeros((levels, size), np.int32)
+
+
+@_jit
+def _range_max_update(table, a, b, value):
+    k = 0
+    while (2 << k) <= b - a + 1:
+        k += 1
+    table[k, a] = max(table[k, a], value)  # two blocks of 2**k cover [a, b]
+    table[k, b - (1 << k) + 1] = max(table[k, b - (1 << k) + 1], value)
+
+
+@_jit
+def _range_max_apply(table, out):
+    size = table.shape[1]
+    for k in range(table.shape[0] - 1, 0, -1):
+        half = 1 << (k - 1)
+        for i in range(size - (1 << k) + 1):
+            value = table[k, i]
+            if value:
+                table[k - 1, i] = max(table[k - 1, i], value)
+                table[k - 1, i + half] = max(table[k - 1, i + half], value)
+    for i in range(size):
+        out[i] = max(out[i], table[0, i])
 
 
 @_jit

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from static_keras.layers.constrained_decoding import MASKED_LOGIT
+from static_keras.constants import MASKED_LOGIT
 from static_keras.strings.string_index import StringIndex
 
 

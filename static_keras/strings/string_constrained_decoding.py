@@ -9,9 +9,9 @@ import numpy as np
 from keras import ops
 
 from static_keras.api_export import static_keras_export
-from static_keras.layers.constrained_decoding import INVALID_STATE
-from static_keras.layers.constrained_decoding import MASKED_LOGIT
-from static_keras.layers.constrained_decoding import PAD_TOKEN
+from static_keras.constants import INVALID_STATE
+from static_keras.constants import MASKED_LOGIT
+from static_keras.constants import PAD_TOKEN
 from static_keras.strings import serialization
 from static_keras.strings.layout import StringIndexLayout
 from static_keras.strings.string_index import StringIndex

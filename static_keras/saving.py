@@ -1,0 +1,34 @@
+"""Loading `.keras` files that hold static-keras layers.
+
+Keras finds a custom layer by its registered name (`static_keras>Name`),
+which exists once the layer's module has run. The package loads its names
+lazily (so index building stays free of Keras), so a fresh process that only
+ran `import static_keras` has registered nothing yet: `load_model` here
+imports every layer module first.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import keras
+
+#: Every module that defines a registered Keras object of the kit.
+LAYER_MODULES = (
+    "static_keras.layers.cached_transformer_decoder",
+    "static_keras.layers.constrained_decoding",
+    "static_keras.decoding.constrained_beam_search",
+    "static_keras.strings.string_constrained_decoding",
+)
+
+
+def register_layers() -> None:
+    """Registers every static-keras layer with Keras (idempotent)."""
+    for module in LAYER_MODULES:
+        importlib.import_module(module)
+
+
+def load_model(path, **kwargs):
+    """`keras.saving.load_model` with the static-keras layers registered."""
+    register_layers()
+    return keras.saving.load_model(path, **kwargs)
