@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from static_keras.export.leftovers import temporary_prefix
 from static_keras.export.metadata import METADATA_FILENAME
 from static_keras.export.metadata import model_metadata
 from static_keras.export.warmup import WARMUP_FILENAME
@@ -64,11 +65,46 @@ def _input_specs(model: keras.Model) -> list[tf.TensorSpec]:
     return specs
 
 
+def context_id_ranges(model: keras.Model) -> dict[str, tuple[int, int]]:
+    """The id range `[low, high)` of each input the model embeds, where it is known.
+
+    Known for the reference decoder: a model with one integer input and one
+    `ConstrainedBeamSearch` over a `CachedTransformerDecoder` embeds that
+    input in `context_vocab_size` rows. Other decoders: pass `input_ranges`
+    to `export_saved_model`.
+    """
+    from static_keras.decoding.constrained_beam_search import ConstrainedBeamSearch
+    from static_keras.layers.cached_transformer_decoder import CachedTransformerDecoder
+
+    integer = [t for t in model.inputs if tf.as_dtype(t.dtype).is_integer]
+    searches = [
+        layer for layer in model._flatten_layers() if isinstance(layer, ConstrainedBeamSearch)
+    ]
+    if len(integer) != 1 or len(searches) != 1:
+        return {}
+    decoder = searches[0].decoder
+    if not isinstance(decoder, CachedTransformerDecoder):
+        return {}
+    return {integer[0].name: (0, int(decoder.context_vocab_size))}
+
+
+def _check_ids(name: str, tensor: tf.Tensor, low: int, high: int) -> None:
+    """Fails the request (InvalidArgument) unless every id is in [low, high).
+
+    On GPU an out-of-range gather returns zeros and Keras' `take` wraps
+    negative ids, so the signature checks ids itself, before the model runs.
+    """
+    message = f"Input {name!r} holds ids outside [{low}, {high}) (the rows of its embedding)"
+    tf.debugging.assert_greater_equal(tensor, tf.cast(low, tensor.dtype), message=message)
+    tf.debugging.assert_less(tensor, tf.cast(high, tensor.dtype), message=message)
+
+
 def export_saved_model(
     model: keras.Model,
     path: str | os.PathLike,
     *,
     xla: bool = False,
+    input_ranges: dict[str, tuple[int, int]] | None = None,
     warmup_batch_sizes: tuple[int, ...] = (1, 8),
     warmup_inputs: dict[str, np.ndarray] | None = None,
     model_name: str = "static_keras",
@@ -108,6 +144,11 @@ def export_saved_model(
         model: functional `keras.Model` with named inputs and a dict output.
         path: directory to create.
         xla: bool. Save a jit-compiled function. Defaults to False.
+        input_ranges: optional dict name -> `(low, high)`: the signature
+            answers INVALID_ARGUMENT to a request with an id outside
+            `[low, high)` in that input (checked outside any XLA cluster, so
+            on every device and in both load paths). Defaults to
+            `context_id_ranges(model)`; pass `{}` to check nothing.
         warmup_batch_sizes: batch sizes of the warmup requests (the sizes you
             will serve). Defaults to (1, 8).
         warmup_inputs: optional dict name -> array `[1, ...]` used as the
@@ -136,8 +177,18 @@ def export_saved_model(
     input_names = [spec.name for spec in specs]
     module = _ServingModule(model)
 
-    @tf.function(input_signature=specs, jit_compile=xla or None)
-    def serve(*inputs):
+    ranges = context_id_ranges(model) if input_ranges is None else dict(input_ranges)
+    unknown = sorted(set(ranges) - set(input_names))
+    if unknown:
+        raise ValueError(f"`input_ranges` names inputs {unknown}; the model's are {input_names}")
+    for name, (low, high) in ranges.items():
+        if not (isinstance(low, int) and isinstance(high, int) and low < high):
+            raise ValueError(
+                f"`input_ranges[{name!r}]` must be integers low < high. Received: {(low, high)}"
+            )
+
+    @tf.function(jit_compile=xla or None)
+    def run_model(*inputs):
         outputs = model(dict(zip(input_names, inputs)) if len(inputs) > 1 else inputs[0])
         if not isinstance(outputs, dict):
             raise ValueError(
@@ -145,6 +196,14 @@ def export_saved_model(
                 f"item_ids); it returned {type(outputs).__name__}"
             )
         return dict(outputs)
+
+    # The id checks stay outside the XLA cluster: XLA drops Assert ops.
+    @tf.function(input_signature=specs)
+    def serve(*inputs):
+        for name, tensor in zip(input_names, inputs):
+            if name in ranges:
+                _check_ids(name, tensor, *ranges[name])
+        return run_model(*inputs)
 
     concrete = serve.get_concrete_function()
     output_names = tuple(sorted(concrete.structured_outputs))
@@ -157,6 +216,7 @@ def export_saved_model(
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "xla": bool(xla),
             "inputs": {s.name: {"dtype": s.dtype.name, "shape": list(s.shape)} for s in specs},
+            "input_ranges": {name: list(bounds) for name, bounds in sorted(ranges.items())},
             "outputs": list(output_names),
         }
     )
@@ -165,7 +225,7 @@ def export_saved_model(
 
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".tmp-export-", dir=parent)
+    staging = tempfile.mkdtemp(prefix=temporary_prefix("export"), dir=parent)
     try:
         metadata_file = os.path.join(staging, METADATA_FILENAME)
         with open(metadata_file, "w") as file:
@@ -175,7 +235,8 @@ def export_saved_model(
         tf.saved_model.save(module, target, signatures={SIGNATURE: concrete})
         os.unlink(metadata_file)
         examples = warmup_inputs or {
-            s.name: np.zeros([1, *s.shape[1:]], dtype=s.dtype.as_numpy_dtype) for s in specs
+            s.name: np.full([1, *s.shape[1:]], ranges.get(s.name, (0,))[0], s.dtype.as_numpy_dtype)
+            for s in specs
         }
         write_warmup_requests(
             os.path.join(target, "assets.extra", WARMUP_FILENAME),

@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -35,7 +36,16 @@ class CcRunResult:
 
 
 class CcLoaderError(RuntimeError):
-    """The C++ loader failed to build, load the SavedModel, or run it."""
+    """The C++ loader failed to build, load the SavedModel, or run it.
+
+    `code` is the status code name `Session::Run` returned (for example
+    "INVALID_ARGUMENT": what `tensorflow_model_server` would answer), or None
+    when the failure came before the run.
+    """
+
+    def __init__(self, message: str, code: str | None = None):
+        super().__init__(message)
+        self.code = code
 
 
 def compiler() -> str | None:
@@ -128,7 +138,9 @@ def run_saved_model(
             timings.update(json.loads(line))
     if result.returncode != 0:
         errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR:")]
-        raise CcLoaderError(errors[-1][7:] if errors else result.stderr[-2000:])
+        message = errors[-1][7:] if errors else result.stderr[-2000:]
+        code = re.match(r"Session::Run: ([A-Z_]+):", message)
+        raise CcLoaderError(message, code[1] if code else None)
     outputs = {}
     for line in result.stdout.splitlines():
         record = json.loads(line)

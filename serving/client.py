@@ -80,13 +80,16 @@ class GrpcClient:
         """The PredictResponse protobuf (its `model_spec` names the version)."""
         import grpc
         import tensorflow as tf
+        from tensorflow.core.framework.tensor_pb2 import TensorProto
         from tensorflow_serving.apis import predict_pb2
 
         what = _target(model, version, label)
         request = predict_pb2.PredictRequest()
         self._spec(request.model_spec, model, version, label, signature)
         for name, value in inputs.items():
-            request.inputs[name].CopyFrom(tf.make_tensor_proto(np.asarray(value)))
+            if not isinstance(value, TensorProto):  # a prepared proto goes as is
+                value = tf.make_tensor_proto(np.asarray(value))
+            request.inputs[name].CopyFrom(value)
         try:
             return self._predict.Predict(request, timeout=self.timeout)
         except grpc.RpcError as error:
@@ -155,13 +158,17 @@ class RestClient:
         return url
 
     def _request(self, url: str, body: dict | None, what: str) -> dict:
+        return self._exchange(url, body, what)[0]
+
+    def _exchange(self, url: str, body: dict | None, what: str) -> tuple[dict, dict]:
+        """`(decoded JSON answer, response headers)`."""
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
             url, data=data, headers={"Content-Type": "application/json"}
         )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read())
+                return json.loads(response.read()), dict(response.headers)
         except urllib.error.HTTPError as error:
             detail = error.read().decode(errors="replace")
             try:
@@ -184,19 +191,22 @@ class RestClient:
         form: str = "inputs",
         signature: str = "serving_default",
     ) -> dict:
-        """Outputs by name as NumPy arrays.
+        """Outputs by name as NumPy arrays, plus `"model_version"` when known.
 
         `form="inputs"` sends the columnar form (`{"inputs": {name: list}}`,
         answered with `{"outputs": ...}`); `form="instances"` sends one
         object per row (`{"instances": [{name: row}, ...]}`, answered with
-        `{"predictions": [...]}`).
+        `{"predictions": [...]}`). TF Serving's REST answer does not name
+        the version that served it; the development server sends it in an
+        `X-Model-Version` header, returned here as `"model_version"` (int).
+        Against `tensorflow_model_server`, pin `version=` or use gRPC.
         """
         url = self._url(model, version, label) + ":predict"
         what = f"predict to {url}"
         columns = {name: np.asarray(value).tolist() for name, value in inputs.items()}
         if form == "inputs":
             body = {"signature_name": signature, "inputs": columns}
-            result = self._request(url, body, what)
+            result, headers = self._exchange(url, body, what)
             outputs = result["outputs"]
             if not isinstance(outputs, dict):
                 outputs = {"output": outputs}
@@ -204,14 +214,19 @@ class RestClient:
             rows = len(next(iter(columns.values())))
             instances = [{name: columns[name][i] for name in columns} for i in range(rows)]
             body = {"signature_name": signature, "instances": instances}
-            predictions = self._request(url, body, what)["predictions"]
+            result, headers = self._exchange(url, body, what)
+            predictions = result["predictions"]
             if predictions and isinstance(predictions[0], dict):
                 outputs = {k: [row[k] for row in predictions] for k in predictions[0]}
             else:
                 outputs = {"output": predictions}
         else:
             raise ValueError(f"`form` must be 'inputs' or 'instances'. Received: {form!r}")
-        return {name: np.asarray(value) for name, value in outputs.items()}
+        answer = {name: np.asarray(value) for name, value in outputs.items()}
+        served = {k.lower(): v for k, v in headers.items()}.get("x-model-version")
+        if served is not None and served.isdigit():
+            answer["model_version"] = int(served)
+        return answer
 
     def model_status(
         self, model: str, *, version: int | None = None, label: str | None = None

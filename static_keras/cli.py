@@ -174,12 +174,18 @@ def _cmd_publish(args) -> None:
 
 
 def _cmd_serve_dev(args) -> None:
+    import logging
     import signal
     import threading
 
     from static_keras.serving import ServedModel
     from static_keras.serving.dev_server import DevServer
+    from static_keras.serving.limits import ServerLimits
 
+    # Version loads, rejections, swaps and unloads are logged at INFO.
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if args.model_config_file:
         models = None  # read (and re-read on change) by the server
     elif args.model_base_path:
@@ -193,6 +199,11 @@ def _cmd_serve_dev(args) -> None:
         poll_seconds=args.file_system_poll_wait_seconds,
         xla_enabled=args.xla_cpu_compilation_enabled,
         config_file=args.model_config_file,
+        limits=ServerLimits(
+            max_body_bytes=args.max_body_bytes,
+            read_timeout_seconds=args.read_timeout_seconds,
+            max_batch_rows=args.max_batch_rows,
+        ),
     ).start()
     models = [manager.config for manager in server.managers.values()]
     print(
@@ -243,6 +254,9 @@ def _cmd_query(args) -> None:
     else:
         client = RestClient(args.rest, timeout=args.timeout)
         outputs = client.predict(args.model, inputs, version=args.version, label=args.label)
+    if "model_version" not in outputs:
+        # TF Serving's REST answer does not say which version served it.
+        outputs["model_version"] = args.version or "unknown (pin --version, or use --grpc)"
     for name in sorted(outputs):
         print(f"{name}: {np.asarray(outputs[name]).tolist()}")
 
@@ -264,6 +278,8 @@ def _cmd_bench(args) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from static_keras.serving.limits import ServerLimits
+
     parser = argparse.ArgumentParser(
         prog="static-keras",
         description="STATIC constrained decoding for Keras 3 and TensorFlow Serving.",
@@ -350,6 +366,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model_config_file", help="models.config (labels, specific versions)")
     serve.add_argument("--file_system_poll_wait_seconds", type=float, default=1.0)
     serve.add_argument("--xla_cpu_compilation_enabled", action="store_true")
+    defaults = ServerLimits()
+    serve.add_argument(
+        "--max_body_bytes", type=int, default=defaults.max_body_bytes,
+        help=f"largest REST body; larger ones get HTTP 413 (default {defaults.max_body_bytes})",
+    )  # fmt: skip
+    serve.add_argument(
+        "--read_timeout_seconds", type=float, default=defaults.read_timeout_seconds,
+        help="time a REST client has to send a request; then HTTP 408 "
+        f"(default {defaults.read_timeout_seconds:g})",
+    )  # fmt: skip
+    serve.add_argument(
+        "--max_batch_rows", type=int, default=defaults.max_batch_rows,
+        help=f"most rows in one request, 0 = no limit (default {defaults.max_batch_rows})",
+    )  # fmt: skip
     serve.add_argument("--run-seconds", type=float, help="stop after this long (default: never)")
     serve.set_defaults(run=_cmd_serve_dev)
 

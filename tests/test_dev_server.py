@@ -94,19 +94,30 @@ def test_bad_requests_get_clear_errors(small_model, tmp_path):
     _, model = small_model
     publish(model, tmp_path / "recs")
     batch = histories(2)
+    # (inputs, kwargs, gRPC message, REST message)
     cases = [
-        ({"history": batch.astype("float32")}, {}, "expects dtype int32"),
-        ({"history": batch[:, :3]}, {}, r"expects shape \(None, 5\)"),
-        ({"query": batch}, {}, r"do not match the signature's inputs \['history'\]"),
-        ({"history": batch}, {"version": 9}, "Specific\\(recs, 9\\)"),
-    ]
+        # gRPC feeds tensors as they are: Session::Run refuses another dtype.
+        ({"history": batch.astype("float32")}, {}, r"expects arg\[0\] to be int32 but float32",
+         "must hold integers"),
+        ({"query": batch}, {}, r"Sent extra: \{query\}. Missing but required: \{history\}",
+         r"do not match the signature's inputs \['history'\]"),
+        ({"history": batch}, {"version": 9}, r"Specific\(recs, 9\)", r"Specific\(recs, 9\)"),
+        ({"history": batch}, {"signature": "nope"}, 'FAILED_PRECONDITION.*"nope" not found',
+         'HTTP 400.*"nope" not found'),
+    ]  # fmt: skip
     with DevServer([ServedModel("recs", str(tmp_path / "recs"))]) as server:
         with GrpcClient(server.grpc_address) as grpc_client:
             rest = RestClient(server.rest_url)
-            for inputs, kwargs, message in cases:
-                for client in (grpc_client, rest):
-                    with pytest.raises(ServingError, match=message):
-                        client.predict("recs", inputs, **kwargs)
+            for inputs, kwargs, grpc_message, rest_message in cases:
+                with pytest.raises(ServingError, match=grpc_message):
+                    grpc_client.predict("recs", inputs, **kwargs)
+                with pytest.raises(ServingError, match=rest_message):
+                    rest.predict("recs", inputs, **kwargs)
+            # No silent cast over gRPC; JSON numbers take the signature's dtype.
+            with pytest.raises(ServingError, match="INVALID_ARGUMENT.*int32 but int64"):
+                grpc_client.predict("recs", {"history": batch.astype("int64")})
+            answer = rest.predict("recs", {"history": batch.astype("int64")})
+            assert answer["model_version"] == 1
             with pytest.raises(ServingError, match="NOT_FOUND.*model 'ads'"):
                 grpc_client.predict("ads", {"history": batch})
             with pytest.raises(ServingError, match="HTTP 404"):

@@ -1,6 +1,13 @@
 """Atomic publishing of versions and index-only refreshes."""
 
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
 
 import keras
 import numpy as np
@@ -13,6 +20,8 @@ from static_keras.export import list_versions
 from static_keras.export import publish
 from static_keras.export import read_metadata
 from static_keras.export import replace_index
+from static_keras.export.leftovers import temporary_prefix
+from static_keras.export.warmup import write_warmup_requests
 
 
 def _checkpoint(path):
@@ -30,7 +39,8 @@ def test_versions_are_numbered_kept_and_never_overwritten(small_model, tmp_path)
     published = [publish(model, base, keep=2).version for _ in range(3)]
     assert published == [1, 2, 3]
     assert list_versions(base) == [2, 3]
-    assert sorted(os.listdir(base)) == ["2", "3"]  # no temporary directories left
+    # No temporary directories left; the record of which versions load.
+    assert sorted(os.listdir(base)) == [".static_keras_versions.json", "2", "3"]
     with pytest.raises(ValueError, match="already exists"):
         publish(model, base, version=3)
     assert publish(model, base, version=10, keep=None).version == 10
@@ -82,3 +92,102 @@ def test_replace_index_checks_the_model(small_model):
     _, model = small_model
     with pytest.raises(ValueError, match="vocab_size is 32 in the index and 16 in the model"):
         replace_index(model, make_index(6, vocab=32))
+
+
+def _rejected_copy(base, good, version, how):
+    """A copy of version `good` that a server rejects, renamed in as `version`."""
+    staging = base / f"staging-{version}"
+    shutil.copytree(base / str(good), staging)
+    data = next((staging / "variables").glob("variables.data-*"))
+    if how == "truncated":
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    elif how == "flipped":
+        raw = bytearray(data.read_bytes())
+        for i in range(0, len(raw), 97):
+            raw[i] ^= 0xFF
+        data.write_bytes(bytes(raw))
+    else:  # a warmup request the model cannot run
+        write_warmup_requests(
+            str(staging / "assets.extra" / "tf_serving_warmup_requests"),
+            model_name="recs", signature_name="serving_default",
+            examples={"history": np.zeros((1, 5), "float32")}, batch_sizes=[1],
+        )  # fmt: skip
+    os.rename(staging, base / str(version))
+
+
+def test_keep_never_removes_the_newest_good_version(small_model, tmp_path):
+    _, model = small_model
+    base = tmp_path / "recs"
+    for _ in range(3):
+        publish(model, base, keep=None, warmup_batch_sizes=(1,))
+    for version, how in ((4, "truncated"), (5, "warmup"), (6, "flipped")):
+        _rejected_copy(base, 3, version, how)
+    # The issue's case: {1..6} on disk, 3 served, 4-6 rejected; publish 7.
+    info = publish(model, base, keep=3, warmup_batch_sizes=(1,))
+    assert info.version == 7
+    assert info.rejected_versions == (4, 5, 6)
+    assert info.removed_versions == (1,)
+    assert list_versions(base) == [2, 3, 4, 5, 6, 7]
+    # keep=1: the new version is the newest good one; nothing older is needed.
+    _rejected_copy(base, 7, 8, "truncated")
+    info = publish(model, base, keep=2, warmup_batch_sizes=(1,))
+    assert info.rejected_versions == (8,)
+    assert list_versions(base) == [7, 8, 9]  # 7 is the second good version
+
+
+def test_a_version_that_fails_warmup_is_never_published(small_model, tmp_path):
+    _, model = small_model
+    base = tmp_path / "recs"
+    with pytest.raises(ValueError, match="fails to load or warm up.*int32 but float32"):
+        publish(model, base, warmup_inputs={"history": np.zeros((1, 5), "float32")})
+    assert os.listdir(base) == []
+
+
+_KILLED_PUBLISH = """
+import sys
+sys.path.insert(0, {tests!r})
+from conftest import make_index, make_model
+from static_keras.export import publish
+model = make_model(make_index(1))
+print("publishing", flush=True)
+publish(model, {base!r}, warmup_batch_sizes=tuple(range(1, 200)))
+"""
+
+
+def test_leftovers_of_a_killed_publish_are_removed(small_model, tmp_path):
+    _, model = small_model
+    base = tmp_path / "recs"
+    base.mkdir()
+    script = _KILLED_PUBLISH.format(tests=os.path.dirname(__file__), base=str(base))
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)])
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and child.poll() is None:
+            if any(name.startswith(".tmp-export-") for name in os.listdir(base)):
+                break
+            time.sleep(0.01)
+        assert child.poll() is None, "the publish ended before it could be killed"
+        time.sleep(0.5)  # mid-export
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait()
+    killed = sorted(name for name in os.listdir(base) if name.startswith(".tmp-"))
+    assert killed and any(str(child.pid) in name for name in killed)
+    # Leftovers of another host: removed once unchanged for a day; a fresh
+    # one stays (its publish may still be running), as does one of a live
+    # process here (this one).
+    other = socket.gethostname() + "x"
+    stale, fresh = base / f".tmp-export-1@{other}-abc", base / f".tmp-2-1@{other}-def"
+    old_format, live = base / ".tmp-export-k2j4", base / (temporary_prefix("5") + "abc")
+    for folder in (stale, fresh, old_format, live):
+        folder.mkdir()
+        (folder / "saved_model.pb").write_bytes(b"x")
+    two_days_ago = time.time() - 2 * 24 * 3600
+    for path in (stale, stale / "saved_model.pb", old_format, old_format / "saved_model.pb"):
+        os.utime(path, (two_days_ago, two_days_ago))
+    info = publish(model, base, warmup_batch_sizes=(1,))
+    assert sorted(info.removed_leftovers) == sorted(killed + [stale.name, old_format.name])
+    left = sorted(name for name in os.listdir(base) if name.startswith(".tmp-"))
+    assert left == sorted([fresh.name, live.name])
+    assert list_versions(base) == [info.version]

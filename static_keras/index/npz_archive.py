@@ -73,14 +73,27 @@ def read(path, *, kind: str) -> tuple[dict[str, np.ndarray], dict | None]:
             arrays = {name: archive[name] for name in archive.files}
         raw = arrays.pop(_METADATA_KEY, None)
         document = None if raw is None else json.loads(raw.tobytes().decode())
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError, TypeError, AttributeError) as error:
-        # TypeError/AttributeError: a plain .npy, which is not an archive.
-        # ValueError covers NumPy's header errors and corrupt JSON/UTF-8.
+    except ValueError as error:
+        if "allow_pickle" not in str(error):
+            raise _corrupt(path, kind, error) from None
+        # An object array is a pickle: loading it could run any code.
         raise ValueError(
-            f"{path!r} is truncated or corrupt and cannot be read as a static-keras {kind} "
-            f"({type(error).__name__}: {error})"
+            f"{path!r} holds pickled Python objects (an object array), which static-keras "
+            f"refuses to load because unpickling can run code; a {kind} file holds only "
+            "numeric arrays. Rebuild it with static-keras"
         ) from None
+    except (zipfile.BadZipFile, EOFError, OSError, TypeError, AttributeError) as error:
+        # TypeError/AttributeError: a plain .npy, which is not an archive.
+        raise _corrupt(path, kind, error) from None
     return arrays, document
+
+
+def _corrupt(path: str, kind: str, error: Exception) -> ValueError:
+    # ValueError covers NumPy's header errors and corrupt JSON/UTF-8.
+    return ValueError(
+        f"{path!r} is truncated or corrupt and cannot be read as a static-keras {kind} "
+        f"({type(error).__name__}: {error})"
+    )
 
 
 def check_document(path, document, *, name: str, version: int, kind: str) -> None:
@@ -91,6 +104,12 @@ def check_document(path, document, *, name: str, version: int, kind: str) -> Non
     if document.get("format") != name:
         raise ValueError(f"{path!r} is not a static-keras {kind} file")
     found = document.get("format_version")
+    if not isinstance(found, int) or isinstance(found, bool):
+        raise ValueError(
+            f"{path!r}: its {kind} format version is {found!r} ({type(found).__name__}), "
+            f"not an integer; this static-keras reads version {version} (the integer). "
+            "The metadata was edited or written by another tool: rebuild the file"
+        )
     if found != version:
         raise ValueError(
             f"{path!r} has {kind} format version {found}; this static-keras reads "

@@ -1,0 +1,124 @@
+"""The versions of one served model: which are loaded, which were rejected, and why.
+
+Mirrors TF Serving's availability-preserving swap: a new version is loaded
+and warmed up (`load_servable`) before the old one is unloaded, so a swap
+never leaves a gap, and a version that fails to load or warm up is rejected
+while the old one keeps serving. Every load, rejection, swap and unload is
+logged on the `static_keras.serving` logger.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from static_keras.export.publish import list_versions
+from static_keras.serving.config import ServedModel
+from static_keras.serving.servable import Servable
+from static_keras.serving.servable import load_servable
+from static_keras.serving.status import ServingFailure
+
+logger = logging.getLogger("static_keras.serving")
+
+
+class VersionManager:
+    """Loads, serves and unloads the versions of one model."""
+
+    def __init__(self, config: ServedModel, xla_enabled: bool):
+        self.config = config
+        self.xla_enabled = xla_enabled
+        self._lock = threading.Lock()
+        self._served: dict[int, Servable] = {}
+        self._status: dict[int, tuple[str, str]] = {}  # version -> (state, error)
+        self._failed: dict[int, float] = {}  # version -> mtime of the failed dir
+
+    def _wanted(self, present: list[int]) -> list[int]:
+        if self.config.versions is None:
+            return present[-1:]
+        return [v for v in self.config.versions if v in present]
+
+    def poll(self) -> None:
+        """Loads wanted versions that are new on disk, then unloads the others."""
+        name = self.config.name
+        present = list_versions(self.config.base_path)
+        wanted = self._wanted(present)
+        for version in wanted:
+            path = os.path.join(self.config.base_path, str(version))
+            if version in self._served:
+                continue
+            mtime = os.path.getmtime(path)
+            if self._failed.get(version) == mtime:
+                continue  # already rejected; retried only if the dir changes
+            self._set_status(version, "LOADING", "")
+            start = time.perf_counter()
+            try:
+                servable = load_servable(path, version, xla_enabled=self.xla_enabled)
+            except Exception as error:  # any load or warmup failure rejects the version
+                self._failed[version] = mtime
+                message = f"{type(error).__name__}: {error}".strip()
+                self._set_status(version, "END", message)
+                logger.warning("model %s version %d rejected: %s", name, version, message)
+                continue
+            with self._lock:
+                self._served[version] = servable
+            self._set_status(version, "AVAILABLE", "")
+            logger.info(
+                "model %s version %d loaded and warmed up in %.1f s: available",
+                name, version, time.perf_counter() - start,
+            )  # fmt: skip
+        # Unload only after a wanted version is up: a rejected new version
+        # leaves the old one serving.
+        if any(v in self._served for v in wanted):
+            for version in sorted(self._served):
+                if version not in wanted:
+                    self._set_status(version, "UNLOADING", "")
+                    with self._lock:
+                        del self._served[version]
+                    self._set_status(version, "END", "")
+                    logger.info(
+                        "model %s version %d unloaded (now serving %s)",
+                        name, version, sorted(self._served),
+                    )  # fmt: skip
+
+    def _set_status(self, version: int, state: str, error: str) -> None:
+        with self._lock:
+            self._status[version] = (state, error)
+
+    def resolve(self, version: int | None, label: str | None) -> Servable:
+        """The servable a request for `version` or `label` (or the latest) gets."""
+        with self._lock:
+            served = dict(self._served)
+        name = self.config.name
+        if label is not None:
+            if label not in self.config.labels:
+                raise ServingFailure(
+                    "NOT_FOUND", f"Unrecognized servable version label: {label} (model {name!r})"
+                )
+            version = self.config.labels[label]
+        if version is not None:
+            if version not in served:
+                raise ServingFailure(
+                    "NOT_FOUND", f"Servable not found for request: Specific({name}, {version})"
+                )
+            return served[version]
+        if not served:
+            raise ServingFailure("UNAVAILABLE", f"Servable not found for request: Latest({name})")
+        return served[max(served)]
+
+    def status(self, version: int | None, label: str | None) -> list[tuple[int, str, str]]:
+        """`[(version, state, error)]`, as GetModelStatus reports them."""
+        with self._lock:
+            status = dict(self._status)
+        if label is not None:
+            if label not in self.config.labels:
+                raise ServingFailure("NOT_FOUND", f"Unrecognized version label: {label}")
+            version = self.config.labels[label]
+        if version is not None:
+            if version not in status:
+                raise ServingFailure(
+                    "NOT_FOUND", f"Could not find version {version} of model {self.config.name}"
+                )
+            return [(version, *status[version])]
+        return [(v, *status[v]) for v in sorted(status)]
