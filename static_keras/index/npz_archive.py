@@ -74,13 +74,13 @@ def read(path, *, kind: str) -> tuple[dict[str, np.ndarray], dict | None]:
         raw = arrays.pop(_METADATA_KEY, None)
         document = None if raw is None else json.loads(raw.tobytes().decode())
     except ValueError as error:
-        if "allow_pickle" not in str(error):
+        if "Object arrays cannot be loaded" not in str(error):
             raise _corrupt(path, kind, error) from None
         # An object array is a pickle: loading it could run any code.
         raise ValueError(
             f"{path!r} holds pickled Python objects (an object array), which static-keras "
-            f"refuses to load because unpickling can run code; a {kind} file holds only "
-            "numeric arrays. Rebuild it with static-keras"
+            f"refuses to load because unpickling can run code; a static-keras {kind} file "
+            "holds only numeric arrays. Rebuild it with static-keras"
         ) from None
     except (zipfile.BadZipFile, EOFError, OSError, TypeError, AttributeError) as error:
         # TypeError/AttributeError: a plain .npy, which is not an archive.
