@@ -49,3 +49,41 @@ def test_cc_loader_reports_bad_input(small_model, runner, tmp_path):
     export_saved_model(model, tmp_path / "model")
     with pytest.raises(CcLoaderError, match="not in signature"):
         run_saved_model(tmp_path / "model", {"wrong": histories(1)}, binary=runner)
+
+
+def test_cc_loader_and_dev_server_agree_on_ids_shapes_and_dtypes(small_model, runner, tmp_path):
+    """The signature validates ids in both load paths; both run the same shapes and dtypes."""
+    from conftest import CONTEXT_VOCAB
+
+    from static_keras.export import publish
+    from static_keras.serving import GrpcClient
+    from static_keras.serving import ServedModel
+    from static_keras.serving import ServingError
+    from static_keras.serving.dev_server import DevServer
+
+    _, model = small_model
+    info = publish(model, tmp_path / "recs", warmup_batch_sizes=(1,))
+    outside = f"outside \\[0, {CONTEXT_VOCAB}\\)"
+    with DevServer([ServedModel("recs", str(tmp_path / "recs"))]) as server:
+        with GrpcClient(server.grpc_address) as client:
+            for bad in (10**6, -1, CONTEXT_VOCAB):
+                value = np.full((1, 5), bad, "int32")
+                with pytest.raises(CcLoaderError, match=outside) as error:
+                    run_saved_model(info.path, {"history": value}, binary=runner)
+                assert error.value.code == "INVALID_ARGUMENT"
+                with pytest.raises(ServingError, match=outside) as served:
+                    client.predict("recs", {"history": value})
+                assert served.value.code == "INVALID_ARGUMENT"
+            # A history shorter than the signature's [None, 5]: both run it.
+            short = histories(1, seed=8)[:, :3]
+            cc = run_saved_model(info.path, {"history": short}, binary=runner).outputs
+            served = client.predict("recs", {"history": short})
+            for name, value in cc.items():
+                np.testing.assert_array_equal(served[name], value)
+            # Another integer dtype: Session::Run refuses it in both.
+            wide = histories(1).astype("int64")
+            with pytest.raises(CcLoaderError, match="int32.*int64|int64.*int32") as error:
+                run_saved_model(info.path, {"history": wide}, binary=runner)
+            assert error.value.code == "INVALID_ARGUMENT"
+            with pytest.raises(ServingError, match="int32 but int64"):
+                client.predict("recs", {"history": wide})
