@@ -261,15 +261,32 @@ def _cmd_query(args) -> None:
         print(f"{name}: {np.asarray(outputs[name]).tolist()}")
 
 
+def _source_checkout() -> str | None:
+    """The repository root when static_keras runs from a source checkout, else None.
+
+    An installed package's parent is site-packages, where a folder named
+    `benchmarks` may belong to anything: only a root whose pyproject.toml
+    names this project counts.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        with open(os.path.join(root, "pyproject.toml")) as file:
+            project = file.read()
+    except OSError:
+        return None
+    return root if 'name = "static-keras"' in project else None
+
+
 def _cmd_bench(args) -> None:
     import importlib.util
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    script = os.path.join(os.path.dirname(here), "benchmarks", "run_all.py")
-    if not os.path.isfile(script):
+    root = _source_checkout()
+    script = os.path.join(root, "benchmarks", "run_all.py") if root else None
+    if script is None or not os.path.isfile(script):
         raise UserError(
-            "the benchmark suite lives in the source checkout (benchmarks/run_all.py); "
-            "install with `pip install -e .` from a clone"
+            "the benchmark suite runs from a source checkout only (benchmarks/run_all.py "
+            "beside static_keras/): git clone the repository, `pip install -e .` there, and "
+            "run `static-keras bench` again"
         )
     spec = importlib.util.spec_from_file_location("static_keras_benchmarks", script)
     module = importlib.util.module_from_spec(spec)

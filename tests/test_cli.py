@@ -110,11 +110,12 @@ def test_export_publish_serve_and_query(capsys, tmp_path):
                        base, "--index", str(tmp_path / "fresh.npz"))  # fmt: skip
     assert code == 0 and "published version 2" in out
 
+    log = open(tmp_path / "serve.log", "w")
     server = subprocess.Popen(
         [sys.executable, "-m", "static_keras.cli", "serve-dev", "--port", "0",
          "--rest_api_port", "0", "--model_name", "recs", "--model_base_path", base,
          "--run-seconds", "120"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        stdout=subprocess.PIPE, stderr=log, text=True,
     )  # fmt: skip
     try:
         line = server.stdout.readline()
@@ -127,6 +128,7 @@ def test_export_publish_serve_and_query(capsys, tmp_path):
             assert code == 0, err
             tokens = np.array(json.loads(re.search(r"tokens: (.*)", out).group(1)))
             assert fresh.contains(tokens.reshape(-1, 4)).all()
+            assert "model_version: 2" in out
         code, _, err = run(capsys, "query", "--model", "recs", "--grpc", grpc_address,
                            "--input", f"history={row}", "--version", "1")  # fmt: skip
         assert code == 2 and "NOT_FOUND" in err
@@ -134,4 +136,26 @@ def test_export_publish_serve_and_query(capsys, tmp_path):
         server.terminate()
         server.wait(timeout=60)
         server.stdout.close()
-    assert sorted(os.listdir(base)) == ["1", "2"]
+        log.close()
+    assert "model recs version 2 loaded and warmed up" in (tmp_path / "serve.log").read_text()
+    assert sorted(os.listdir(base)) == [".static_keras_versions.json", "1", "2"]
+
+
+def test_bench_runs_only_from_a_source_checkout(tmp_path):
+    """An installed package must not run whatever sits at site-packages/benchmarks."""
+    site = tmp_path / "site-packages"
+    (site / "benchmarks").mkdir(parents=True)
+    marker = tmp_path / "ran"
+    (site / "benchmarks" / "run_all.py").write_text(
+        f"def main(args):\n    open({str(marker)!r}, 'w').close()\n"
+    )
+    package = os.path.dirname(os.path.abspath(main.__code__.co_filename))
+    os.symlink(package, site / "static_keras")
+    code = (
+        f"import sys; sys.path.insert(0, {str(site)!r}); from static_keras.cli import main; "
+        "sys.exit(main(['bench']))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert "runs from a source checkout only" in result.stderr
+    assert not marker.exists()
