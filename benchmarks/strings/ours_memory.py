@@ -2,7 +2,7 @@
 
 `python -m benchmarks.strings.ours_memory JOB.json` loads the vocabulary
 (an `.npz` of `peers.save_vocabulary`), builds its token trie, compiles a
-few strings once (so the Numba machine code is loaded), then resets the
+few strings once (so the compiled loops are loaded), then resets the
 kernel's resident-set high-water mark (`/proc/self/clear_refs`), compiles
 the whole set and prints one JSON line: `peak_bytes`, the high-water mark
 (`VmHWM`) minus the resident set before the compile (`VmRSS`). The caller

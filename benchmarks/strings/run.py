@@ -118,7 +118,7 @@ def _versions() -> dict:
         ("outlines-core", "outlines_core"),
         ("tokenizers", "tokenizers"),
         ("gguf", "gguf"),
-        ("numba", "numba"),
+        ("cython", "Cython"),
     ):
         try:
             from importlib.metadata import version

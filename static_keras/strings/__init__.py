@@ -8,10 +8,10 @@ strings against a `TokenVocabulary` (a list of token bytes, a Hugging Face
 (`index.constraint_layer()`); `StringLogitsProcessor` serves any other decode
 loop. The host-side modules (vocabulary, tries, builder, layout,
 serialization, index, logits processor) import no deep-learning backend:
-NumPy, plus Numba for the compiler's loops (`kernels`). The names load on
-first use, so `from static_keras.strings import StringIndex` imports neither
-Keras nor TensorFlow; the layer module imports Keras and registers the layer
-for `.keras` loading.
+NumPy, plus the compiler's loops (`kernels`, a Cython extension built at
+install). The names load on first use, so `from static_keras.strings import
+StringIndex` imports neither Keras nor TensorFlow; the layer module imports
+Keras and registers the layer for `.keras` loading.
 """
 
 import importlib

@@ -1,6 +1,7 @@
 """Compiles K strings under a token vocabulary into a trie automaton.
 
-Steps (the loops in `kernels`, compiled with Numba; everything else NumPy):
+Steps (the loops in `kernels`, a Cython extension compiled at install;
+everything else NumPy):
 
 1. Encode the strings as UTF-8, sort the distinct ones once (NumPy) and
    build their byte trie in preorder (`kernels.preorder_trie`).
