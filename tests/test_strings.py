@@ -2,6 +2,8 @@
 
 import doctest
 import importlib
+import json
+import os
 
 import numpy as np
 import pytest
@@ -279,8 +281,11 @@ def test_gguf_byte_level_and_sentencepiece(tmp_path):
     vocab = TokenVocabulary.load(tmp_path / "bpe.gguf")
     assert vocab.token_bytes[:5] == pieces
     assert vocab.eos_token_id == 5
-    assert vocab.special.tolist() == [False] * 5 + [True, False]
-    assert vocab.token_bytes[6] == b"[PAD]"  # user-defined: raw text
+    # user-defined: raw text; "[PAD]" is a padding row, special by default
+    assert vocab.special.tolist() == [False] * 5 + [True, True]
+    assert vocab.token_bytes[6] == b"[PAD]"
+    as_text = TokenVocabulary.load(tmp_path / "bpe.gguf", padding_pattern=None)
+    assert as_text.special.tolist() == [False] * 5 + [True, False]
 
     spm = ["<unk>", "<s>", "</s>", "<0x41>", "<0xE6>", "\u2581the", "he"]
     _write_gguf(tmp_path / "spm.gguf", "llama", spm, [2, 3, 3, 6, 6, 1, 1], eos=2)
@@ -391,6 +396,70 @@ def test_bad_input_gets_clear_errors(bpe):
         StringIndex.from_strings(["get_weather_forecast"], bpe, eos_token_id=eos, max_length=3)
     with pytest.raises(ValueError, match="not valid Unicode"):
         StringIndex.from_strings(["\ud800"], bpe, eos_token_id=eos)
+
+
+def test_bad_vocabularies_get_errors_that_name_them(tmp_path):
+    with pytest.raises(ValueError, match="`vocabulary` must be a TokenVocabulary.*None"):
+        StringIndex.from_strings(["a"], None)
+    with pytest.raises(FileNotFoundError, match="No vocabulary file at .*missing.json"):
+        StringIndex.from_strings(["a"], str(tmp_path / "missing.json"))
+    not_a_tokenizer = tmp_path / "tools.json"
+    not_a_tokenizer.write_text('{"tools": ["a", "b"]}')
+    with pytest.raises(ValueError, match="tools.json' is not a Hugging Face tokenizer.json"):
+        TokenVocabulary.load(not_a_tokenizer)
+    tiktoken = tmp_path / "small.tiktoken"
+    tiktoken.write_text("YQ== 0\nYg== 1\n")
+    with pytest.raises(ValueError, match=r"eos_token_id=.*special_tokens="):
+        StringIndex.from_strings(["ab"], TokenVocabulary.load(tiktoken))
+    # An EOS that is a text token is excluded from text: the error says so.
+    vocab = TokenVocabulary.from_token_bytes([b"a", b"b"])
+    with pytest.raises(ValueError, match=r"cannot be spelled.*`eos_token_id`=0 is the text token"):
+        StringIndex.from_strings(["a"], vocab, eos_token_id=0)
+    with pytest.raises(ValueError, match="`padding_pattern` is not a valid regex"):
+        TokenVocabulary.from_tokenizer_json(
+            tokenizer_from_json(byte_level_tokenizer_json()), padding_pattern="[PAD"
+        )
+
+
+def test_padding_rows_of_tokenizer_json_are_special():
+    config = json.loads(byte_level_tokenizer_json())
+    size = 1 + max(config["model"]["vocab"].values())
+    config["added_tokens"] = [
+        {
+            "id": size + i,
+            "content": text,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": False,
+        }
+        for i, text in enumerate(["<pad>", "[PAD7]", "<unused3>", "getWeather"])
+    ]
+    vocab = TokenVocabulary.from_tokenizer_json(tokenizer_from_json(json.dumps(config)))
+    assert vocab.special[size : size + 4].tolist() == [True, True, True, False]
+    kept = TokenVocabulary.from_tokenizer_json(
+        tokenizer_from_json(json.dumps(config)), padding_pattern=None
+    )
+    assert not kept.special[size : size + 4].any()
+
+
+_QWEN2 = os.path.join(
+    os.path.dirname(__file__), "..", "..", "shared", "data", "vocab", "ggml-vocab-qwen2.gguf"
+)
+
+
+@pytest.mark.skipif(not os.path.isfile(_QWEN2), reason="needs ../shared/data/vocab (Qwen2 GGUF)")
+def test_qwen2_padding_rows_never_spell_a_member():
+    vocab = TokenVocabulary.load(_QWEN2)
+    # Ids 151646 .. 151935 are `[PADnnnnnn]` user-defined rows, not text.
+    assert vocab.token_bytes[151700] == b"[PAD151700]"
+    assert vocab.special[151646:].all() and vocab.special.sum() == 3 + 290
+    index = StringIndex.from_strings(["[PAD151700]", "get_weather"], vocab)
+    for state, _, _ in explore(index, vocab):
+        assert not index.allowed_tokens([state])[0, 151646:].any()
+    as_text = TokenVocabulary.load(_QWEN2, padding_pattern=None)
+    assert not as_text.special[151646:].any()
 
 
 def test_unspellable_strings_are_named():

@@ -158,10 +158,17 @@ def build_string_arrays(
     if not reached[member_node].all():
         bad = np.flatnonzero(~reached[member_node])
         names = ", ".join(repr(encoded[first[m]].decode("utf-8", "replace")) for m in bad[:_SHOW])
+        hint = ""
+        if vocabulary.text_tokens[eos]:
+            hint = (
+                f"; note that `eos_token_id`={eos} is the text token "
+                f"{vocabulary.token_bytes[eos]!r}, which is never allowed as text once it "
+                "ends answers (pass the tokenizer's end-of-sequence token)"
+            )
         raise ValueError(
             f"{bad.size} of the {num_members} strings cannot be spelled by any token "
             f"sequence of this vocabulary (a byte without a token, or only special "
-            f"tokens): {names}{' ...' if bad.size > _SHOW else ''}"
+            f"tokens): {names}{' ...' if bad.size > _SHOW else ''}{hint}"
         )
     clock["prune"] = time.perf_counter()
 

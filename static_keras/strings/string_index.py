@@ -116,12 +116,23 @@ class StringIndex:
         """
         if isinstance(vocabulary, (str, os.PathLike)):
             vocabulary = TokenVocabulary.load(vocabulary)
-        elif not isinstance(vocabulary, TokenVocabulary):
+        elif isinstance(vocabulary, (list, tuple)):
             vocabulary = TokenVocabulary.from_token_bytes(vocabulary)
+        elif not isinstance(vocabulary, TokenVocabulary):
+            raise ValueError(
+                "`vocabulary` must be a TokenVocabulary, a list of token bytes or the path "
+                f"of a .gguf, .tiktoken or tokenizer.json file. Received: {vocabulary!r:.80}"
+            )
         if eos_token_id is None:
             eos_token_id = vocabulary.eos_token_id
             if eos_token_id is None:
-                raise ValueError("`eos_token_id` is required: the vocabulary does not name one")
+                raise ValueError(
+                    f"`eos_token_id` is required: the vocabulary {vocabulary.name or ''} does "
+                    "not name an end-of-sequence token. Pass `eos_token_id=` here, or give "
+                    "the vocabulary one (a .tiktoken file holds no special tokens: "
+                    "`TokenVocabulary.load(path, special_tokens={'<|endoftext|>': 50256})` "
+                    "for GPT-2's)"
+                )
         layout, arrays, host, stats = build_string_arrays(
             strings, vocabulary, eos_token_id=eos_token_id, max_length=max_length
         )

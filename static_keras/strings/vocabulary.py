@@ -14,6 +14,11 @@ unused tokens):
   dependency): `tokenizer.ggml.model` `gpt2` (byte-level BPE) or `llama`
   (SentencePiece); token types control, unknown and unused are never
   allowed;
+- padding rows: GGUF user-defined tokens and `tokenizer.json` added tokens
+  whose text is a padding or placeholder name (`PADDING_PATTERN`: Qwen2's
+  290 `[PAD151646]` .. rows, `<pad>`, `<unused12>`, `<extra_id_3>`) are
+  special by default, so no member is ever spelled with a padding row; pass
+  `padding_pattern=None` to keep them as text, or another regex;
 - a `.tiktoken` file (`from_tiktoken`): one `base64(bytes) rank` per line, no
   dependency; special tokens such as `<|endoftext|>` are given by the caller.
 
@@ -30,6 +35,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 from typing import Iterable
 from typing import Sequence
 
@@ -51,6 +57,28 @@ GGUF_NORMAL, GGUF_UNKNOWN, GGUF_CONTROL, GGUF_USER_DEFINED, GGUF_UNUSED, GGUF_BY
     5,
     6,
 )
+
+#: Added / user-defined tokens with these texts are padding or placeholder
+#: rows of the embedding, not text (matched against the whole token text).
+PADDING_PATTERN = (
+    r"\[PAD\d*\]|<pad>|<\|pad\|>|<\|?PAD_?\d*\|?>|\[unused\d+\]|<unused\d+>|<extra_id_\d+>"
+)
+
+
+def _padding_rows(
+    texts: Sequence[bytes], candidates: np.ndarray, pattern: str | None
+) -> np.ndarray:
+    """bool `[V]`: the candidate rows whose text matches `pattern` in full."""
+    rows = np.zeros(len(texts), bool)
+    if pattern is None:
+        return rows
+    try:
+        regex = re.compile(pattern.encode("utf-8") if isinstance(pattern, str) else pattern)
+    except (re.error, TypeError) as error:
+        raise ValueError(f"`padding_pattern` is not a valid regex ({error}): {pattern!r}") from None
+    for i in np.flatnonzero(candidates):
+        rows[i] = regex.fullmatch(texts[i]) is not None
+    return rows
 
 
 class TokenVocabulary:
@@ -125,8 +153,14 @@ class TokenVocabulary:
 
     @classmethod
     def load(cls, path: str | os.PathLike, **kwargs) -> "TokenVocabulary":
-        """Loads `.gguf`, `.tiktoken` or `tokenizer.json` (`.json`) by suffix."""
+        """Loads `.gguf`, `.tiktoken` or `tokenizer.json` (`.json`) by suffix.
+
+        Keyword arguments go to the loader (`eos_token_id`; `special_tokens`
+        for `.tiktoken`; `padding_pattern` for `.gguf` and `.json`).
+        """
         path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"No vocabulary file at {path!r}")
         if path.endswith(".gguf"):
             return cls.from_gguf(path, **kwargs)
         if path.endswith(".tiktoken"):
@@ -138,7 +172,13 @@ class TokenVocabulary:
         )
 
     @classmethod
-    def from_tokenizer_json(cls, tokenizer, *, eos_token_id: int | None = None):
+    def from_tokenizer_json(
+        cls,
+        tokenizer,
+        *,
+        eos_token_id: int | None = None,
+        padding_pattern: str | None = PADDING_PATTERN,
+    ):
         """A Hugging Face tokenizer (a `tokenizer.json` path or a `Tokenizer`).
 
         Token text is decoded with GPT-2's byte mapping when the tokenizer's
@@ -152,6 +192,9 @@ class TokenVocabulary:
             eos_token_id: optional int. Defaults to the id of the first added
                 special token among `</s>`, `<|endoftext|>`, `<|im_end|>`,
                 `<|end_of_text|>`, `<eos>`, if any.
+            padding_pattern: regex (str) or None. Added tokens whose whole
+                text matches are padding rows, never allowed (default
+                `PADDING_PATTERN`; None keeps them as text).
         """
         try:
             from tokenizers import Tokenizer
@@ -163,7 +206,15 @@ class TokenVocabulary:
         name = None
         if not isinstance(tokenizer, Tokenizer):
             name = os.fspath(tokenizer)
-            tokenizer = Tokenizer.from_file(name)
+            if not os.path.isfile(name):
+                raise FileNotFoundError(f"No tokenizer.json at {name!r}")
+            try:
+                tokenizer = Tokenizer.from_file(name)
+            except Exception as error:  # the tokenizers package raises bare Exceptions
+                raise ValueError(
+                    f"{name!r} is not a Hugging Face tokenizer.json that the `tokenizers` "
+                    f"package can read: {error}"
+                ) from None
         config = json.loads(tokenizer.to_str())
         model_type = (config.get("model") or {}).get("type")
         if model_type == "WordPiece":
@@ -177,9 +228,12 @@ class TokenVocabulary:
         for text, token_id in vocab.items():
             tokens[token_id] = _decode_piece(text, scheme)
             special[token_id] = False
+        is_added = np.zeros(size, bool)
         for token_id, token in added.items():
             tokens[token_id] = token.content.encode("utf-8")
             special[token_id] = bool(token.special)
+            is_added[token_id] = True
+        special |= _padding_rows(tokens, is_added & ~special, padding_pattern)
         if eos_token_id is None:
             by_text = {token.content: i for i, token in added.items() if token.special}
             for text in ("</s>", "<|endoftext|>", "<|im_end|>", "<|end_of_text|>", "<eos>"):
@@ -189,14 +243,21 @@ class TokenVocabulary:
         return cls(tokens, special=special, eos_token_id=eos_token_id, name=name)
 
     @classmethod
-    def from_gguf(cls, path: str | os.PathLike, *, eos_token_id: int | None = None):
+    def from_gguf(
+        cls,
+        path: str | os.PathLike,
+        *,
+        eos_token_id: int | None = None,
+        padding_pattern: str | None = PADDING_PATTERN,
+    ):
         """The vocabulary of a GGUF file (its metadata only; see `gguf_metadata`).
 
         `tokenizer.ggml.model` `gpt2` is byte-level BPE, `llama` (and `t5`)
         SentencePiece with byte tokens (type 6, `<0xNN>`). Token types
         unknown (2), control (3) and unused (5) are never allowed;
-        user-defined tokens (4) are their UTF-8 text. `eos_token_id`
-        defaults to `tokenizer.ggml.eos_token_id`.
+        user-defined tokens (4) are their UTF-8 text, except padding rows
+        (whole text matches `padding_pattern`; None keeps them as text).
+        `eos_token_id` defaults to `tokenizer.ggml.eos_token_id`.
         """
         path = os.fspath(path)
         fields = read_gguf_metadata(path)
@@ -226,7 +287,9 @@ class TokenVocabulary:
                 tokens.append(_decode_piece(text, scheme))
             else:
                 tokens.append(raw)
+        types = np.asarray(types)
         special = np.isin(types, (GGUF_UNKNOWN, GGUF_CONTROL, GGUF_UNUSED))
+        special |= _padding_rows(tokens, types == GGUF_USER_DEFINED, padding_pattern)
         if eos_token_id is None and "tokenizer.ggml.eos_token_id" in fields:
             eos_token_id = int(fields["tokenizer.ggml.eos_token_id"])
         return cls(tokens, special=special, eos_token_id=eos_token_id, name=path)
