@@ -248,12 +248,25 @@ def _cmd_query(args) -> None:
     inputs = dict(_parse_input(text) for text in args.input)
     if bool(args.grpc) == bool(args.rest):
         raise UserError("pass exactly one of --grpc HOST:PORT or --rest URL")
-    if args.grpc:
-        with GrpcClient(args.grpc, timeout=args.timeout) as client:
-            outputs = client.predict(args.model, inputs, version=args.version, label=args.label)
-    else:
-        client = RestClient(args.rest, timeout=args.timeout)
-        outputs = client.predict(args.model, inputs, version=args.version, label=args.label)
+    from static_keras.serving import ServingError
+
+    deadline = time.monotonic() + args.wait
+    while True:
+        try:
+            if args.grpc:
+                with GrpcClient(args.grpc, timeout=args.timeout) as client:
+                    outputs = client.predict(
+                        args.model, inputs, version=args.version, label=args.label
+                    )
+            else:
+                client = RestClient(args.rest, timeout=args.timeout)
+                outputs = client.predict(args.model, inputs, version=args.version, label=args.label)
+            break
+        except ServingError as error:
+            # Not up yet (connection refused, or no version loaded): retry.
+            if error.code not in ("UNAVAILABLE", "503") or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
     if "model_version" not in outputs:
         # TF Serving's REST answer does not say which version served it.
         outputs["model_version"] = args.version or "unknown (pin --version, or use --grpc)"
@@ -410,6 +423,10 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--version", type=int, help="model version")
     query.add_argument("--label", help="version label")
     query.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+    query.add_argument(
+        "--wait", type=float, default=0.0,
+        help="seconds to keep retrying while the server is not up yet (default 0)",
+    )  # fmt: skip
     query.set_defaults(run=_cmd_query)
 
     bench = commands.add_parser(
