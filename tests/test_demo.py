@@ -11,8 +11,11 @@ from static_keras.index.semantic_ids import disambiguate
 from static_keras.index.semantic_ids import fit_residual_kmeans
 
 
-def test_quick_demo_invariants(tmp_path):
+def test_quick_demo_invariants(tmp_path, capfd):
     results = run_demo(str(tmp_path), quick=True, print_fn=lambda *_: None)
+    out, err = capfd.readouterr()
+    # stdout is not a terminal here: no progress bars (carriage returns, ANSI codes).
+    assert "\x1b[" not in out and "\r" not in out and "\x1b[" not in err
     unconstrained, catalogue, fresh = results["decoding"]
     assert catalogue["valid"] == 1.0 and fresh["valid"] == 1.0
     assert fresh["eligible"] == 1.0
