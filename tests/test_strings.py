@@ -584,7 +584,7 @@ def test_fill_bitmask_matches_allowed_tokens_with_wide_rows():
     index = StringIndex.from_strings(strings, vocab, eos_token_id=len(tokens) - 1)
     states = np.concatenate([np.arange(index.num_states), [-1, index.num_states, 0, 0]])
     bitmask = index.fill_bitmask(states)
-    assert index._wide_masks()[1].shape[0] >= 1  # the root at least
+    assert index._bitmask_writer.wide_states >= 1  # the root at least
     bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, : vocab.vocab_size]
     np.testing.assert_array_equal(bits.astype(bool), index.allowed_tokens(states))
     assert not bits[-4:-2].any()  # states outside the index allow nothing
@@ -592,6 +592,19 @@ def test_fill_bitmask_matches_allowed_tokens_with_wide_rows():
     index.fill_bitmask(states, out)
     np.testing.assert_array_equal(out[: states.size], bitmask)
     np.testing.assert_array_equal(out[states.size :], -1)  # rows past n untouched
+    # Any int dtype and shape of states; int64 ids past int32 allow nothing.
+    big = np.array([[0, 2**40], [-(2**40), 1]], np.int64)
+    np.testing.assert_array_equal(
+        index.fill_bitmask(big), index.fill_bitmask(np.array([0, -1, -1, 1], np.int32))
+    )
+    strided = np.repeat(states.astype(np.int32), 2)[::2]  # not contiguous: converted
+    np.testing.assert_array_equal(index.fill_bitmask(strided, out)[: states.size], bitmask)
+    with pytest.raises(ValueError, match="`out` must be a C-contiguous int32 array"):
+        index.fill_bitmask(states, np.zeros((states.size, bitmask.shape[1]), np.float32))
+    with pytest.raises(ValueError, match="`out` must be a C-contiguous int32 array"):
+        index.fill_bitmask(states, np.zeros((2, bitmask.shape[1]), np.int32))
+    with pytest.raises(ValueError, match="`out` must be a C-contiguous int32 array"):
+        index.fill_bitmask(states[:2], np.zeros((bitmask.shape[1], 2), np.int32).T)
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,9 @@
 `python -m benchmarks.strings.peers JOB.json` runs one job and prints one
 JSON line. A job names the peer (`xgrammar`, `llguidance`, `outlines`), the
 vocabulary (an `.npz` written by `save_vocabulary`), the strings, how many
-compiles to time and, optionally, decode paths whose states are masked (per
-call times, batch times, and the bitmasks for the differential check).
+compiles to time and, optionally, decode paths whose states are masked
+(times per batch under each protocol of `protocol`, and the bitmasks for the
+differential check).
 
 Each peer is driven with the API facts of DESIGN.md section 6:
 - XGrammar: `TokenizerInfo(token bytes, VocabType.RAW, vocab_size=V,
@@ -28,6 +29,8 @@ import sys
 import time
 
 import numpy as np
+
+from benchmarks.strings import protocol
 
 PEERS = ("xgrammar", "llguidance", "outlines")
 
@@ -80,6 +83,7 @@ class _Xgrammar:
         self.info = xgrammar.TokenizerInfo(
             encoded, xgrammar.VocabType.RAW, vocab_size=len(tokens), stop_token_ids=[eos]
         )
+        self.batch = None
 
     def compile(self, strings):
         grammar = "root ::= " + " | ".join(_ebnf_literal(s) for s in strings)
@@ -100,9 +104,9 @@ class _Xgrammar:
         matcher.fill_next_token_bitmask(bitmask, row)
 
     def batch_fill(self, matchers, bitmask):
-        self.xgr.BatchGrammarMatcher(max_threads=os.cpu_count() or 1).batch_fill_next_token_bitmask(
-            matchers, bitmask
-        )
+        if self.batch is None:  # made once: its thread pool is not part of a step
+            self.batch = self.xgr.BatchGrammarMatcher(max_threads=os.cpu_count() or 1)
+        self.batch.batch_fill_next_token_bitmask(matchers, bitmask)
 
 
 class _Llguidance:
@@ -211,37 +215,50 @@ def run(job: dict) -> dict:
     result["peak_rss_mb"] = _rss_mb()
     result["rss_growth_mb"] = _rss_mb() - rss_start
     if job.get("paths"):
-        with np.load(job["paths"]) as archive:
-            paths, rows, lengths = archive["paths"], archive["rows"], archive["lengths"]
-        batch = rows.shape[1]
-        words = (len(tokens) + 31) // 32
-        masks = np.zeros((rows.size, words), np.int32)
-        per_call, per_batch, batch_api = [], [], []
-        # One bitmask buffer, written once before timing and reused (as a
-        # decode loop does; a fresh np.zeros would add page faults).
-        bitmask = np.full((batch, words), -1, np.int32)
-        for b in range(rows.shape[0]):
-            matchers = [
-                engine.matcher(compiled, paths[r, : lengths[b, i]]) for i, r in enumerate(rows[b])
-            ]
-            total = 0
-            for i, matcher in enumerate(matchers):
-                tick = time.perf_counter_ns()
-                engine.fill(matcher, bitmask, i)
-                took = time.perf_counter_ns() - tick
-                per_call.append(took)
-                total += took
-            per_batch.append(total)
-            masks[b * batch : (b + 1) * batch] = bitmask
-            if engine.batch_fill is not None:
-                tick = time.perf_counter_ns()
-                engine.batch_fill(matchers, bitmask)
-                batch_api.append(time.perf_counter_ns() - tick)
+        result["timings_ns"], masks = _mask_timings(engine, compiled, job["paths"], len(tokens))
         np.save(job["masks_out"], masks)
-        result["per_call_ns"] = per_call
-        result["per_batch_ns"] = per_batch
-        result["batch_api_ns"] = batch_api
     return result
+
+
+def _mask_timings(engine, compiled, paths_file, vocab_size):
+    """Per-step mask times under every protocol and batch size (see
+    `protocol`), and the masks of every sampled state (differential check)."""
+    with np.load(paths_file) as archive:
+        paths, rows, lengths = archive["paths"], archive["rows"], archive["lengths"]
+    batches, batch = rows.shape
+    words = (vocab_size + 31) // 32
+    # Matchers replay each prefix outside any timed region.
+    matchers = [
+        [engine.matcher(compiled, paths[r, : lengths[b, i]]) for i, r in enumerate(rows[b])]
+        for b in range(batches)
+    ]
+    # One bitmask buffer, written once before timing and reused (as a decode
+    # loop does; a fresh np.zeros would add page faults).
+    bitmask = np.full((batch, words), -1, np.int32)
+    masks = np.zeros((rows.size, words), np.int32)
+    for b in range(batches):
+        for i, matcher in enumerate(matchers[b]):
+            engine.fill(matcher, bitmask, i)
+        masks[b * batch : (b + 1) * batch] = bitmask
+    timings = {}
+    for name in protocol.PROTOCOLS:
+        for n in protocol.BATCH_SIZES:
+            if n > batch:
+                continue
+
+            def per_row(b, n=n):
+                for i in range(n):
+                    engine.fill(matchers[b][i], bitmask, i)
+
+            timings[f"{name}|{n}|one call per row"] = protocol.time_batches(per_row, batches, name)
+            if engine.batch_fill is not None:
+
+                def batch_api(b, n=n):
+                    engine.batch_fill(matchers[b][:n], bitmask[:n])
+
+                label = f"batch API, {os.cpu_count()} threads"
+                timings[f"{name}|{n}|{label}"] = protocol.time_batches(batch_api, batches, name)
+    return timings, masks
 
 
 def main(argv=None, runner=None) -> None:

@@ -49,6 +49,7 @@ if REPO not in sys.path:
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from benchmarks.strings import peers as peer_jobs  # noqa: E402
+from benchmarks.strings import protocol  # noqa: E402
 from benchmarks.strings import string_sets  # noqa: E402
 from static_keras.strings import StringIndex  # noqa: E402
 from static_keras.strings import TokenVocabulary  # noqa: E402
@@ -236,15 +237,18 @@ def _sample_paths(index, count, rng):
     return out, np.array([len(p) for p in paths])
 
 
-def _mask_row(base, engine, per_row, per_call=None) -> dict:
-    """One row of the mask table: µs per row (and per call, for the peers)."""
+def _mask_row(base, protocol_name, batch, engine, batch_ns, floor_median=None) -> dict:
+    """One row of the mask table: µs per row (batch time / batch size)."""
+    per_row = [t / batch / 1000 for t in batch_ns]
+    median = statistics.median(per_row)
     return dict(
         base,
+        protocol=protocol_name,
+        batch=batch,
         engine=engine,
-        per_row_us_median=statistics.median(per_row),
+        per_row_us_median=median,
         per_row_us_p90=_percentile(per_row, 90),
-        per_call_us_median="" if per_call is None else statistics.median(per_call),
-        per_call_us_p90="" if per_call is None else _percentile(per_call, 90),
+        vs_floor=median / floor_median if floor_median else "",
         status="ok",
     )
 
@@ -270,21 +274,9 @@ def _mask_benchmark(args, vocab, vocab_npz, index, strings, k, rows_out, diff_ou
     assert (states >= 0).all()
     words = (vocab.vocab_size + 31) // 32
     # One bitmask buffer, reused every step as a decode loop does (the peers
-    # fill a reused buffer too). Hot: batches back to back. Cold: each batch
-    # after reading 64 MiB, which evicts the buffer and drains dirty lines.
+    # fill a reused buffer too); timed under each protocol and batch size
+    # against the floor, writing the same rows (benchmarks/strings/protocol.py).
     out = np.full((args.batch, words), -1, np.int32)
-    index.fill_bitmask(states[0], out)  # warm-up
-    scratch = np.ones(8 * 2**20, np.float64)
-    batch_ns, cold_ns = [], []
-    for b in range(args.batches):
-        tick = time.perf_counter_ns()
-        index.fill_bitmask(states[b], out)
-        batch_ns.append(time.perf_counter_ns() - tick)
-    for b in range(args.batches):
-        scratch.sum()
-        tick = time.perf_counter_ns()
-        index.fill_bitmask(states[b], out)
-        cold_ns.append(time.perf_counter_ns() - tick)
     ours_masks = np.zeros((rows.size, words), np.int32)
     for b in range(args.batches):  # the masks of the differential check
         index.fill_bitmask(states[b], ours_masks[b * args.batch : (b + 1) * args.batch])
@@ -293,16 +285,24 @@ def _mask_benchmark(args, vocab, vocab_npz, index, strings, k, rows_out, diff_ou
         "vocab": label,
         "set": args.set,
         "k": k,
-        "batch": args.batch,
         "batches": args.batches,
         "allowed_median": float(np.median(allowed_counts)),
         "allowed_p90": _percentile(allowed_counts, 90),
     }
-    for engine, times in (
-        ("static-keras (one call per batch)", batch_ns),
-        ("static-keras (one call per batch, cold cache)", cold_ns),
-    ):
-        rows_out.append(_mask_row(base, engine, [t / args.batch / 1000 for t in times]))
+    floors = {}
+    for name in protocol.PROTOCOLS:
+        for n in protocol.BATCH_SIZES:
+            if n > args.batch:
+                continue
+            floor = protocol.floor_ns(out, n, args.batches, name)
+            floors[name, n] = statistics.median(t / n / 1000 for t in floor)
+            rows_out.append(_mask_row(base, name, n, "floor (write the rows)", floor))
+
+            def ours(b, n=n):
+                index.fill_bitmask(states[b, :n], out[:n])
+
+            times = protocol.time_batches(ours, args.batches, name)
+            rows_out.append(_mask_row(base, name, n, "static-keras", times, floors[name, n]))
     if args.layer:
         rows_out.extend(_layer_benchmark(args, index, states, base))
     for peer in args.peers:
@@ -315,13 +315,10 @@ def _mask_benchmark(args, vocab, vocab_npz, index, strings, k, rows_out, diff_ou
             rows_out.append(dict(base, engine=peer, status=result["status"]))
             diff_out.append(dict(base, engine=peer, status=result["status"]))
             continue
-        per_batch = [t / args.batch / 1000 for t in result["per_batch_ns"]]
-        calls = [t / 1000 for t in result["per_call_ns"]]
-        rows_out.append(_mask_row(base, f"{peer} (one call per row)", per_batch, calls))
-        if result.get("batch_api_ns"):
-            api = [t / args.batch / 1000 for t in result["batch_api_ns"]]
-            engine = f"{peer} (batch API, {os.cpu_count()} threads)"
-            rows_out.append(_mask_row(base, engine, api))
+        for key, times in result["timings_ns"].items():
+            name, n, how = key.split("|")
+            engine = f"{peer} ({how})"
+            rows_out.append(_mask_row(base, name, int(n), engine, times, floors[name, int(n)]))
         theirs = result["masks"]
         differ = np.flatnonzero((theirs != ours_masks).any(axis=1))
         examples = []
@@ -365,14 +362,12 @@ def _layer_benchmark(args, index, states, base):
         ("mask_logits [R, V] float32", lambda s: mask(logits, s)),
         ("advance [R]", lambda s: advance(s, tf.zeros_like(s))),
     ):
-        fn(tf.constant(states[0]))
-        times = []
-        for b in range(args.batches):
-            s = tf.constant(states[b])
-            tick = time.perf_counter_ns()
-            np.asarray(fn(s))
-            times.append((time.perf_counter_ns() - tick) / args.batch / 1000)
-        rows.append(_mask_row(base, f"static-keras Keras layer, TF CPU: {name}", times))
+        inputs = [tf.constant(states[b]) for b in range(args.batches)]
+        times = protocol.time_batches(
+            lambda b, fn=fn: np.asarray(fn(inputs[b])), args.batches, "back to back"
+        )
+        engine = f"static-keras Keras layer, TF CPU: {name}"
+        rows.append(_mask_row(base, "back to back", args.batch, engine, times))
     return rows
 
 
@@ -404,6 +399,20 @@ def _table(rows, columns):
             cells.append(value.ljust(w))
         lines.append("  ".join(cells))
     return "\n".join(lines)
+
+
+_MASK_COLUMNS = [
+    "vocab",
+    "k",
+    "protocol",
+    "batch",
+    "engine",
+    "per_row_us_median",
+    "per_row_us_p90",
+    "vs_floor",
+    "allowed_median",
+    "status",
+]
 
 
 def main(argv=None):
@@ -492,23 +501,11 @@ def main(argv=None):
                     )
                 )
             if set_name == args.set and k in args.mask_ks:
+                first = len(mask_rows)
                 _mask_benchmark(
                     args, vocab, vocab_npz, index, strings, k, mask_rows, diff_rows, label
                 )
-                print(
-                    _table(
-                        mask_rows[-(1 + len(args.peers) * 2) :],
-                        [
-                            "k",
-                            "engine",
-                            "per_row_us_median",
-                            "per_row_us_p90",
-                            "per_call_us_median",
-                            "per_call_us_p90",
-                            "status",
-                        ],
-                    )
-                )
+                print(_table(mask_rows[first:], _MASK_COLUMNS[1:]))
             _write(os.path.join(args.out_dir, "strings_compile.csv"), compile_rows)
             _write(os.path.join(args.out_dir, "strings_mask.csv"), mask_rows)
             _write(os.path.join(args.out_dir, "strings_diff.csv"), diff_rows)
@@ -532,22 +529,7 @@ def main(argv=None):
         )
     )
     print("\nPer-step mask, per row (us)")
-    print(
-        _table(
-            mask_rows,
-            [
-                "vocab",
-                "k",
-                "engine",
-                "per_row_us_median",
-                "per_row_us_p90",
-                "per_call_us_median",
-                "per_call_us_p90",
-                "allowed_median",
-                "status",
-            ],
-        )
-    )
+    print(_table(mask_rows, _MASK_COLUMNS))
     print("\nDifferential check")
     print(
         _table(

@@ -22,15 +22,8 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport qsort
 from libc.string cimport memcpy
 from libc.string cimport memset
-
-ctypedef fused offset_t:
-    int32_t
-    int64_t
-
-ctypedef fused token_t:
-    uint8_t
-    uint16_t
-    int32_t
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE
+from cpython.buffer cimport PyBuffer_Release, PyObject_GetBuffer
 
 cdef int32_t _INT32_MAX = 2147483647
 
@@ -394,28 +387,140 @@ cdef void _range_max_apply(int32_t[:, ::1] table, int64_t[::1] out) noexcept:
         out[i] = max(out[i], table[0, i])
 
 
-def fill_bitmask(states, const offset_t[::1] indptr, const token_t[::1] tokens, wide, masks, out):
-    """Writes the allowed tokens of each state as bits into `out` rows
-    (uint32, token t at word t // 32, bit t % 32).
+cdef inline int64_t _load(const char* data, int size, int64_t i) noexcept nogil:
+    """Element i of an integer array of `size` bytes per element (the index
+    keeps its narrowest dtypes; the branch is the same for every element)."""
+    if size == 1:
+        return (<const uint8_t*>data)[i]
+    if size == 2:
+        return (<const uint16_t*>data)[i]
+    if size == 4:
+        return (<const int32_t*>data)[i]
+    return (<const int64_t*>data)[i]
 
-    State -1 allows nothing. A state with `wide[state] >= 0` copies that
-    precomputed row of `masks`; the others zero the row and set a bit per
-    edge.
+
+cdef class BitmaskWriter:
+    """Writes the allowed tokens of states as bitmask rows (XGrammar/vLLM
+    layout: int32 words, token t at word t // 32, bit t % 32).
+
+    Built once per index; a call does no allocation and holds no Python
+    objects in its loop. Wide states (more edges than `wide_edges`, e.g. the
+    root) copy a row precomputed here; the others zero their row and set a
+    bit per edge. States outside `[0, num_states)` allow nothing.
+
+    Args:
+        indptr: int `[num_states + 1]`, CSR row starts (any int dtype).
+        tokens: int `[num_edges]`, the tokens of the edges (any int dtype).
+        vocab_size: V.
+        wide_edges: edge count above which a state's row is precomputed.
     """
-    cdef const int64_t[::1] state_of = np.ascontiguousarray(states, np.int64)
-    cdef const int64_t[::1] wide_row = np.ascontiguousarray(wide, np.int64)
-    cdef const uint32_t[:, ::1] mask_rows = masks
-    cdef uint32_t[:, ::1] rows = out
-    cdef Py_ssize_t words = rows.shape[1], r
-    cdef int64_t state, e, t
-    for r in range(state_of.shape[0]):
-        state = state_of[r]
-        if state >= 0 and wide_row[state] >= 0:
-            memcpy(&rows[r, 0], &mask_rows[wide_row[state], 0], words * sizeof(uint32_t))
-            continue
-        memset(&rows[r, 0], 0, words * sizeof(uint32_t))
-        if state < 0:
-            continue
-        for e in range(indptr[state], indptr[state + 1]):
-            t = tokens[e]
-            rows[r, t >> 5] |= (<uint32_t>1) << (t & 31)
+
+    cdef object _indptr, _tokens, _masks
+    cdef const char* _indptr_p
+    cdef const char* _tokens_p
+    cdef int _indptr_size, _tokens_size
+    cdef int64_t _num_states
+    cdef readonly Py_ssize_t words
+    cdef int64_t[::1] _wide
+    cdef int32_t[:, ::1] _precomputed
+
+    def __init__(self, indptr, tokens, int64_t vocab_size, int64_t wide_edges):
+        self._indptr = np.ascontiguousarray(indptr)
+        self._tokens = np.ascontiguousarray(tokens)
+        for name, array in (("indptr", self._indptr), ("tokens", self._tokens)):
+            if array.dtype.kind not in "iu" or array.dtype.itemsize not in (1, 2, 4, 8):
+                raise ValueError(f"`{name}` must be an integer array. Received {array.dtype}")
+        self._indptr_size = self._indptr.dtype.itemsize
+        self._tokens_size = self._tokens.dtype.itemsize
+        self._indptr_p = <const char*><size_t>self._indptr.ctypes.data
+        self._tokens_p = <const char*><size_t>self._tokens.ctypes.data
+        self._num_states = self._indptr.shape[0] - 1
+        self.words = (vocab_size + 31) // 32
+        counts = np.diff(self._indptr.astype(np.int64))
+        wide_states = np.flatnonzero(counts > wide_edges)
+        wide = np.full(self._num_states, -1, np.int64)
+        self._wide = wide
+        self._masks = np.empty((wide_states.size, self.words), np.int32)
+        self._precomputed = self._masks
+        cdef const int32_t[::1] ids = wide_states.astype(np.int32)
+        if ids.shape[0]:  # edge by edge: no state is wide yet
+            self._write(&ids[0], ids.shape[0], &self._precomputed[0, 0])
+        wide[wide_states] = np.arange(wide_states.size)
+
+    @property
+    def wide_states(self) -> int:
+        """How many states have a precomputed row."""
+        return self._masks.shape[0]
+
+    def __call__(self, states, out):
+        """Writes rows `0 .. len(states) - 1` of `out`.
+
+        Args:
+            states: C-contiguous int32 `[n]` (TypeError otherwise: the caller
+                converts).
+            out: C-contiguous, writable int32 `[>= n, words]` (XGrammar's and
+                vLLM's bitmask).
+        """
+        # The raw buffer protocol: a step's call costs about as much as the
+        # row writes (typed memoryviews cost microseconds to acquire).
+        cdef Py_buffer given, rows
+        try:
+            PyObject_GetBuffer(states, &given, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+        except (BufferError, ValueError):
+            raise TypeError("`states` must be a C-contiguous 1-D int32 array") from None
+        try:
+            if given.ndim != 1 or not _is_int32(&given):
+                raise TypeError("`states` must be a C-contiguous 1-D int32 array")
+            message = (
+                f"`out` must be a C-contiguous int32 array [>= {given.shape[0]}, {self.words}]"
+            )
+            try:
+                PyObject_GetBuffer(out, &rows, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE)
+            except (BufferError, ValueError, TypeError) as error:
+                raise ValueError(f"{message} ({error})") from None
+            try:
+                if (
+                    rows.ndim != 2
+                    or not _is_int32(&rows)
+                    or rows.shape[1] != self.words
+                    or rows.shape[0] < given.shape[0]
+                ):
+                    raise ValueError(message)
+                self._write(<const int32_t*>given.buf, given.shape[0], <int32_t*>rows.buf)
+            finally:
+                PyBuffer_Release(&rows)
+        finally:
+            PyBuffer_Release(&given)
+
+    cdef void _write(self, const int32_t* states, Py_ssize_t n, int32_t* out) noexcept:
+        cdef Py_ssize_t r
+        cdef size_t row_bytes = self.words * sizeof(uint32_t)
+        cdef int64_t state, e, t, end
+        cdef uint32_t* row
+        with nogil:
+            for r in range(n):
+                row = <uint32_t*>(out + r * self.words)
+                state = states[r]
+                if state < 0 or state >= self._num_states:
+                    memset(row, 0, row_bytes)
+                    continue
+                if self._wide[state] >= 0:
+                    memcpy(row, &self._precomputed[self._wide[state], 0], row_bytes)
+                    continue
+                memset(row, 0, row_bytes)
+                e = _load(self._indptr_p, self._indptr_size, state)
+                end = _load(self._indptr_p, self._indptr_size, state + 1)
+                while e < end:
+                    t = _load(self._tokens_p, self._tokens_size, e)
+                    row[t >> 5] |= (<uint32_t>1) << (t & 31)
+                    e += 1
+
+
+cdef inline bint _is_int32(Py_buffer* view) noexcept:
+    """A buffer of 4-byte signed ints ('i', or 'l' where long is 4 bytes)."""
+    if view.itemsize != 4 or view.format == NULL:
+        return False
+    cdef const char* code = view.format
+    if code[0] in (b"@", b"=", b"<", b">", b"!"):
+        code += 1
+    return (code[0] == b"i" or code[0] == b"l") and code[1] == 0

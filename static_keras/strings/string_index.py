@@ -81,7 +81,7 @@ class StringIndex:
         self.vocab_checksum = vocab_checksum
         self.stats = stats
         self._edge_keys = None
-        self._bits = None
+        self._bitmask_writer = None
 
     @classmethod
     def from_strings(
@@ -289,47 +289,33 @@ class StringIndex:
         t // 32, bit t % 32), the layout XGrammar and vLLM use. `out`, when
         given, is overwritten (its first n rows).
 
-        One compiled pass over the rows: wide states (more allowed tokens
-        than a bitmask row has words / 16, e.g. the root) copy a row
-        precomputed on first use; the others zero their row and set a bit
-        per edge. States outside the index allow nothing.
+        One compiled pass over the rows (`kernels.BitmaskWriter`, built on
+        first use): wide states (more allowed tokens than a bitmask row has
+        words / 16, e.g. the root) copy a precomputed row; the others zero
+        their row and set a bit per edge. States outside the index allow
+        nothing. The cost per row is about writing the row (V / 8 bytes).
         """
-        states = self._states(states)
-        words = (self.vocab_size + 31) // 32
-        if out is None:
-            out = np.empty((states.size, words), np.int32)
-        elif out.ndim != 2 or out.shape[0] < states.size or out.shape[1] != words:
-            raise ValueError(f"`out` must be int32 [>= {states.size}, {words}]")
-        elif out.dtype != np.int32 or not out.flags.c_contiguous:
-            raise ValueError("`out` must be a C-contiguous int32 array")
-        if states.size and (states.min() < 0 or states.max() >= self.num_states):
-            states = np.where((states >= 0) & (states < self.num_states), states, -1)
-        wide, masks = self._wide_masks()
-        kernels.fill_bitmask(
-            states,
-            self._arrays["indptr"],
-            self._arrays["tokens"],
-            wide,
-            masks,
-            out[: states.size].view(np.uint32),
-        )
-        return out
-
-    def _wide_masks(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per state the row of its precomputed bitmask in `masks` (-1: not
-        wide), and `masks` (cached)."""
-        if self._bits is None:
+        writer = self._bitmask_writer
+        if writer is None:
             words = (self.vocab_size + 31) // 32
-            counts = np.diff(self._arrays["indptr"])
-            wide_states = np.flatnonzero(counts > max(64, words // 16))
-            wide = np.full(self.num_states, -1, np.int64)
-            masks = np.empty((wide_states.size, words), np.uint32)
-            kernels.fill_bitmask(
-                wide_states, self._arrays["indptr"], self._arrays["tokens"], wide, masks, masks
+            writer = self._bitmask_writer = kernels.BitmaskWriter(
+                self._arrays["indptr"],
+                self._arrays["tokens"],
+                self.vocab_size,
+                max(64, words // 16),
             )
-            wide[wide_states] = np.arange(wide_states.size)
-            self._bits = wide, masks
-        return self._bits
+        if out is not None:
+            try:  # the fast path of a decode loop: int32 states, a reused buffer
+                writer(states, out)
+                return out
+            except TypeError:
+                pass
+        states = self._states(states)
+        states = np.ascontiguousarray(np.where(np.abs(states) < 2**31, states, -1), np.int32)
+        if out is None:
+            out = np.empty((states.size, writer.words), np.int32)
+        writer(states, out)
+        return out
 
     def next_states(self, states, tokens) -> np.ndarray:
         """int32 `[n]`: the state after each token, -1 where it is not allowed."""
