@@ -471,13 +471,10 @@ cdef class BitmaskWriter:
         try:
             if given.ndim != 1 or not _is_int32(&given):
                 raise TypeError("`states` must be a C-contiguous 1-D int32 array")
-            message = (
-                f"`out` must be a C-contiguous int32 array [>= {given.shape[0]}, {self.words}]"
-            )
             try:
                 PyObject_GetBuffer(out, &rows, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE)
             except (BufferError, ValueError, TypeError) as error:
-                raise ValueError(f"{message} ({error})") from None
+                raise ValueError(f"{self._out_message(given.shape[0])} ({error})") from None
             try:
                 if (
                     rows.ndim != 2
@@ -485,12 +482,15 @@ cdef class BitmaskWriter:
                     or rows.shape[1] != self.words
                     or rows.shape[0] < given.shape[0]
                 ):
-                    raise ValueError(message)
+                    raise ValueError(self._out_message(given.shape[0]))
                 self._write(<const int32_t*>given.buf, given.shape[0], <int32_t*>rows.buf)
             finally:
                 PyBuffer_Release(&rows)
         finally:
             PyBuffer_Release(&given)
+
+    def _out_message(self, n):
+        return f"`out` must be a C-contiguous int32 array [>= {n}, {self.words}]"
 
     cdef void _write(self, const int32_t* states, Py_ssize_t n, int32_t* out) noexcept:
         cdef Py_ssize_t r
