@@ -228,6 +228,79 @@ def test_unconstrained_search_is_plain_top_k():
     np.testing.assert_allclose(np.asarray(out["scores"])[0], expected_scores, atol=1e-5)
 
 
+def _per_beam_top_k_oracle(sequences, vocab, length, table, beam, per_beam, dense_levels):
+    """Beam search in plain Python: the first step keeps the best `beam`
+    tokens of its one beam; later steps below `dense_levels` keep each
+    beam's best `per_beam` valid tokens, deeper steps all valid tokens; the
+    best `beam` extensions survive. `sequences=None`: unconstrained."""
+    weights = np.array([31, 17, 13, 7, 5, 3, 2, 11])
+    log_probs = table - table.max(1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(1, keepdims=True))
+    beams = [((), 0.0)]
+    for t in range(length):
+        pool = []
+        for prefix, score in beams:
+            code = int(np.dot(np.array(prefix, np.int64), weights[:t])) + 29 * t
+            row = log_probs[code % _TABLE_ROWS]
+            if sequences is None:
+                valid = range(vocab)
+            else:
+                valid = {int(s[t]) for s in sequences if tuple(s[:t]) == prefix}
+            options = sorted(valid, key=lambda token: -row[token])
+            if t == 0:
+                options = options[:beam]
+            elif t < dense_levels:
+                options = options[:per_beam]
+            pool.extend((prefix + (token,), score + row[token]) for token in options)
+        beams = sorted(pool, key=lambda item: -item[1])[:beam]
+    return np.array([p for p, _ in beams]), np.array([s for _, s in beams], np.float32)
+
+
+def test_tokens_per_beam_applies_per_beam_after_the_first_step():
+    # The reference setting: beam 70, 30 tokens per beam at dense steps. 50
+    # sequences with 50 distinct first tokens all come back (the first step
+    # keeps 70 candidates, not 30).
+    rng = np.random.default_rng(7)
+    vocab, length = 64, 4
+    seqs = np.concatenate(
+        [rng.permutation(vocab)[:50, None], rng.integers(0, vocab, (50, length - 1))], axis=1
+    )
+    index = StaticIndex.build(seqs, vocab, dense_levels=2)
+    table = _table(vocab, seed=7)
+    logits_of = _prefix_logits(ops.convert_to_tensor(table))
+    out = beam_search(
+        index, lambda p, s: (logits_of(p), s), batch_size=2, beam_size=70, dense_top_k=30
+    )
+    _check_exact(index, table, out, batch_size=2)
+    # Wider rows than 30 at the dense step: equal to the per-beam oracle.
+    seqs = np.concatenate([rng.integers(0, 3, (400, 1)), rng.integers(0, vocab, (400, 2))], 1)
+    index = StaticIndex.build(seqs, vocab, dense_levels=2)
+    out = beam_search(
+        index, lambda p, s: (logits_of(p), s), batch_size=1, beam_size=40, dense_top_k=5
+    )
+    tokens, scores = _per_beam_top_k_oracle(index.sequences(), vocab, 3, table, 40, 5, 2)
+    np.testing.assert_array_equal(np.asarray(out["tokens"])[0], tokens)
+    np.testing.assert_allclose(np.asarray(out["scores"])[0], scores, atol=1e-5)
+
+
+def test_unconstrained_baseline_uses_the_same_tokens_per_beam():
+    vocab = 9
+    table = _table(vocab, seed=5)
+    logits_of = _prefix_logits(ops.convert_to_tensor(table))
+    for beam, per_beam in ((12, 3), (20, 9), (5, 2)):
+        out = beam_search(
+            None,
+            lambda p, s: (logits_of(p), s),
+            batch_size=1,
+            beam_size=beam,
+            length=3,
+            dense_top_k=per_beam,
+        )
+        tokens, scores = _per_beam_top_k_oracle(None, vocab, 3, table, beam, per_beam, 3)
+        np.testing.assert_array_equal(np.asarray(out["tokens"])[0], tokens)
+        np.testing.assert_allclose(np.asarray(out["scores"])[0], scores, atol=1e-5)
+
+
 def test_bad_arguments():
     index = StaticIndex.build([[0, 1]], 2)
 

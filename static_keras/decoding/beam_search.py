@@ -63,9 +63,13 @@ def beam_search(
             ordered batch-major (row `b * beam_size + m`). Defaults to None.
         num_results: int K <= beam_size, results returned per batch row.
             Defaults to `beam_size`.
-        dense_top_k: int. Candidates kept per beam at dense-head steps.
-            Defaults to `beam_size` (exact: a beam never contributes more
-            than `beam_size` survivors).
+        dense_top_k: int. Candidates kept per beam at dense-head steps
+            after the first (the reference code's "tokens per beam"; at
+            every step after the first for an unconstrained search, which
+            has no sparse steps). The first step has one live beam per
+            batch row and keeps its best `beam_size` candidates whatever
+            this is. Defaults to `beam_size` (exact: a beam never
+            contributes more than `beam_size` survivors).
         length: int. Steps of an unconstrained search; must be None (the
             index's length is used) when `index` is given.
         distinct_items: bool. With an EOS constraint, keep one finished beam
@@ -154,13 +158,15 @@ def beam_search(
     for step in range(length):
         logits, state = step_fn(prefix, state)
         log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+        # Step 0 has one live beam: its best `beam_size` candidates survive.
+        per_beam = beam_size if step == 0 else dense_top_k
         if constraint is None:
-            scores, tokens = ops.top_k(log_probs, min(beam_size, ops.shape(log_probs)[1]))
+            scores, tokens = ops.top_k(log_probs, min(per_beam, ops.shape(log_probs)[1]))
             tokens = ops.cast(tokens, "int32")
             next_states = ops.zeros_like(tokens)
         else:
             scores, tokens, next_states = constraint.candidates(
-                log_probs, beam_states, step, top_k=dense_top_k
+                log_probs, beam_states, step, top_k=per_beam
             )
         width = ops.shape(scores)[1]
         if eos is not None:
