@@ -10,7 +10,7 @@ load with `static_keras.saving.load_model(path)` (or call
 `static_keras.saving.register_layers()` before `keras.saving.load_model`).
 """
 
-import importlib
+from static_keras.lazy_names import lazy_names
 
 __version__ = "0.1.0"
 
@@ -35,14 +35,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'static_keras' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

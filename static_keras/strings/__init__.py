@@ -14,7 +14,7 @@ StringIndex` imports neither Keras nor TensorFlow; the layer module imports
 Keras and registers the layer for `.keras` loading.
 """
 
-import importlib
+from static_keras.lazy_names import lazy_names
 
 _LAZY = {
     "StringConstrainedDecoding": "static_keras.strings.string_constrained_decoding",
@@ -27,14 +27,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'static_keras.strings' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
