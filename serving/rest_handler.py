@@ -81,6 +81,8 @@ def make_handler(server):
             self._reply(status, body, headers)
 
         def _route(self):
+            if not self.path.lower().startswith("/v1/"):  # not the REST API: as the real server
+                raise ServingFailure("NOT_FOUND", f"No handler for {self.command} {self.path}")
             match = _PATH.match(self.path)
             if match is None:
                 raise ServingFailure(

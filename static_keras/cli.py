@@ -170,6 +170,10 @@ def _cmd_publish(args) -> None:
         model_name=args.model_name,
     )
     removed = f", removed {list(info.removed_versions)}" if info.removed_versions else ""
+    if info.rejected_versions:
+        removed += f"; versions {list(info.rejected_versions)} do not load (kept, not counted)"
+    if info.removed_leftovers:
+        removed += f"; removed leftovers {list(info.removed_leftovers)}"
     print(f"published version {info.version} at {info.path} in {info.seconds:.1f} s{removed}")
 
 
@@ -380,7 +384,10 @@ def build_parser() -> argparse.ArgumentParser:
     model_arguments(publish)
     publish.add_argument("--model-base-path", required=True, help="directory TF Serving polls")
     publish.add_argument("--version", type=int, help="version number (default: newest + 1)")
-    publish.add_argument("--keep", type=int, default=3, help="versions to keep (default 3)")
+    publish.add_argument(
+        "--keep", type=int, default=3,
+        help="versions that load and warm up to keep; rejected ones never count (default 3)",
+    )  # fmt: skip
     publish.set_defaults(run=_cmd_publish)
 
     serve = commands.add_parser(

@@ -113,6 +113,13 @@ def test_malformed_rest_bodies(server, expected, name, body, status, message):
         ("Content-Length abc", post(PREDICT, b"", "abc"), 400, "non-negative integer; got 'abc'"),
         ("Content-Length -1", post(PREDICT, b"", "-1"), 400, "non-negative integer; got '-1'"),
         ("no Content-Length", post(PREDICT, b"", None), 411, "needs a Content-Length"),
+        ("not the REST API", post("/v2/x", b"{}") + b"{}", 404, "No handler"),
+        (
+            "malformed path",
+            post("/v1/models/recs/versions/x:predict", b"{}") + b"{}",
+            400,
+            "Malformed request",
+        ),
         ("body over the limit", post(PREDICT, b"", str(10**9)), 413, "max_body_bytes=1000000"),
         ("body never sent", post(PREDICT, b"", "1000"), 408, "read_timeout_seconds=1.0"),
         ("body cut short", post(PREDICT, b"", "1000") + b'{"inputs"', 408, "9 received"),

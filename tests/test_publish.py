@@ -154,10 +154,8 @@ publish(model, {base!r}, warmup_batch_sizes=tuple(range(1, 200)))
 """
 
 
-def test_leftovers_of_a_killed_publish_are_removed(small_model, tmp_path):
-    _, model = small_model
-    base = tmp_path / "recs"
-    base.mkdir()
+def _kill_mid_publish(base) -> list[str]:
+    """Starts a real publish in a child process, kills it mid-export; its leftovers."""
     script = _KILLED_PUBLISH.format(tests=os.path.dirname(__file__), base=str(base))
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)])
     try:
@@ -173,11 +171,33 @@ def test_leftovers_of_a_killed_publish_are_removed(small_model, tmp_path):
         child.kill()
         child.wait()
     killed = sorted(name for name in os.listdir(base) if name.startswith(".tmp-"))
-    assert killed and any(str(child.pid) in name for name in killed)
+    assert killed and all(f"-{child.pid}@" in name for name in killed)
+    return killed
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize("kill", [pytest.param(True, marks=pytest.mark.slow), False])
+def test_leftovers_of_a_killed_publish_are_removed(small_model, tmp_path, kill):
+    _, model = small_model
+    base = tmp_path / "recs"
+    base.mkdir()
+    if kill:  # a real publish, killed mid-export
+        killed = _kill_mid_publish(base)
+    else:  # the same names, left by a process that no longer runs
+        host = temporary_prefix("export").split("@")[1]
+        killed = [f".tmp-export-{_dead_pid()}@{host}abc", f".tmp-3-{_dead_pid()}@{host}def"]
+        for name in killed:
+            (base / name).mkdir()
+            (base / name / "saved_model.pb").write_bytes(b"x")
     # Leftovers of another host: removed once unchanged for a day; a fresh
     # one stays (its publish may still be running), as does one of a live
     # process here (this one).
-    other = socket.gethostname() + "x"
+    other = socket.gethostname().replace("-", "_") + "x"
     stale, fresh = base / f".tmp-export-1@{other}-abc", base / f".tmp-2-1@{other}-def"
     old_format, live = base / ".tmp-export-k2j4", base / (temporary_prefix("5") + "abc")
     for folder in (stale, fresh, old_format, live):
