@@ -76,10 +76,14 @@ def context_id_ranges(model: keras.Model) -> dict[str, tuple[int, int]]:
     from static_keras.decoding.constrained_beam_search import ConstrainedBeamSearch
     from static_keras.layers.cached_transformer_decoder import CachedTransformerDecoder
 
+    def layers(container):  # public `.layers`, into nested models
+        for layer in container.layers:
+            yield layer
+            if isinstance(layer, keras.Model):
+                yield from layers(layer)
+
     integer = [t for t in model.inputs if tf.as_dtype(t.dtype).is_integer]
-    searches = [
-        layer for layer in model._flatten_layers() if isinstance(layer, ConstrainedBeamSearch)
-    ]
+    searches = [layer for layer in layers(model) if isinstance(layer, ConstrainedBeamSearch)]
     if len(integer) != 1 or len(searches) != 1:
         return {}
     decoder = searches[0].decoder

@@ -149,3 +149,31 @@ def test_bad_exports(small_model, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["exists"]  # nothing half-written
     with pytest.raises(ValueError, match="1 to 1000"):
         export_saved_model(model, tmp_path / "w", warmup_batch_sizes=())
+
+
+def test_signature_checks_embedded_ids(small_model, tmp_path):
+    """Ids outside the embedding fail with InvalidArgument; `{}` checks nothing."""
+    from conftest import CONTEXT_VOCAB
+
+    from static_keras.export.saved_model import context_id_ranges
+
+    _, model = small_model
+    assert context_id_ranges(model) == {"history": (0, CONTEXT_VOCAB)}
+    export_saved_model(model, tmp_path / "checked", warmup_batch_sizes=(1,))
+    export_saved_model(model, tmp_path / "unchecked", input_ranges={}, warmup_batch_sizes=(1,))
+    assert read_metadata(tmp_path / "checked")["input_ranges"] == {"history": [0, CONTEXT_VOCAB]}
+    checked = tf.saved_model.load(str(tmp_path / "checked")).signatures["serving_default"]
+    unchecked = tf.saved_model.load(str(tmp_path / "unchecked")).signatures["serving_default"]
+    good = histories(2)
+    np.testing.assert_array_equal(
+        checked(history=tf.constant(good))["item_ids"], model.predict(good, verbose=0)["item_ids"]
+    )
+    for bad in (-1, CONTEXT_VOCAB, 10**6):
+        value = tf.constant(np.full((1, 5), bad, "int32"))
+        with pytest.raises(tf.errors.InvalidArgumentError, match="outside \\[0, 50\\)"):
+            checked(history=value)
+    unchecked(history=tf.constant(np.full((1, 5), -1, "int32")))  # Keras wraps -1: silent
+    with pytest.raises(ValueError, match="`input_ranges` names inputs \\['query'\\]"):
+        export_saved_model(model, tmp_path / "x", input_ranges={"query": (0, 5)})
+    with pytest.raises(ValueError, match="must be integers low < high"):
+        export_saved_model(model, tmp_path / "y", input_ranges={"history": (5, 5)})
