@@ -127,7 +127,8 @@ class StringIndex:
             eos_token_id = vocabulary.eos_token_id
             if eos_token_id is None:
                 raise ValueError(
-                    f"`eos_token_id` is required: the vocabulary {vocabulary.name or ''} does "
+                    f"`eos_token_id` is required: the vocabulary"
+                    f"{f' {vocabulary.name!r}' if vocabulary.name else ''} does "
                     "not name an end-of-sequence token. Pass `eos_token_id=` here, or give "
                     "the vocabulary one (a .tiktoken file holds no special tokens: "
                     "`TokenVocabulary.load(path, special_tokens={'<|endoftext|>': 50256})` "
