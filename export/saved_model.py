@@ -92,15 +92,23 @@ def context_id_ranges(model: keras.Model) -> dict[str, tuple[int, int]]:
     return {integer[0].name: (0, int(decoder.context_vocab_size))}
 
 
-def _check_ids(name: str, tensor: tf.Tensor, low: int, high: int) -> None:
-    """Fails the request (InvalidArgument) unless every id is in [low, high).
+def _check_ids(name: str, tensor: tf.Tensor, low: int, high: int) -> tf.Tensor:
+    """`tensor`, once every id is known to be in [low, high) (else InvalidArgument).
 
     On GPU an out-of-range gather returns zeros and Keras' `take` wraps
-    negative ids, so the signature checks ids itself, before the model runs.
+    negative ids, so the signature checks ids itself. The model reads the
+    checked tensor, so the check runs first and its message is the one sent.
     """
-    message = f"Input {name!r} holds ids outside [{low}, {high}) (the rows of its embedding)"
-    tf.debugging.assert_greater_equal(tensor, tf.cast(low, tensor.dtype), message=message)
-    tf.debugging.assert_less(tensor, tf.cast(high, tensor.dtype), message=message)
+    inside = tf.reduce_all(
+        (tensor >= tf.cast(low, tensor.dtype)) & (tensor < tf.cast(high, tensor.dtype))
+    )
+    check = tf.debugging.Assert(
+        inside,
+        [f"Input {name!r} holds ids outside [{low}, {high}) (the rows of its embedding); "
+         "smallest and largest:", tf.reduce_min(tensor), tf.reduce_max(tensor)],
+    )  # fmt: skip
+    with tf.control_dependencies([check]):
+        return tf.identity(tensor)
 
 
 def export_saved_model(
@@ -204,10 +212,11 @@ def export_saved_model(
     # The id checks stay outside the XLA cluster: XLA drops Assert ops.
     @tf.function(input_signature=specs)
     def serve(*inputs):
-        for name, tensor in zip(input_names, inputs):
-            if name in ranges:
-                _check_ids(name, tensor, *ranges[name])
-        return run_model(*inputs)
+        checked = [
+            _check_ids(name, tensor, *ranges[name]) if name in ranges else tensor
+            for name, tensor in zip(input_names, inputs)
+        ]
+        return run_model(*checked)
 
     concrete = serve.get_concrete_function()
     output_names = tuple(sorted(concrete.structured_outputs))
