@@ -1,0 +1,217 @@
+"""Whole 8-step decodes side by side with the reference STATIC implementation.
+
+    python -m benchmarks.decoding.versus_reference --peer ../shared/peers/static-constraint-decoding
+        [--backend jax|tensorflow] [--sizes 1e5,1e6,1e7] [--rounds 15]
+
+The reference code (youtube/static-constraint-decoding, JAX) is a peer taken
+from the path given on the command line: never a dependency, never run in
+CI. Both sides decode the same random semantic IDs (L = 8, V = 2048, d = 2,
+sorted, as its builder expects) with the same logits: a fixed random table
+indexed by a hash of (step, last token, batch row), so the model costs both
+about nothing and the decode loop is what is measured. Each configuration
+runs interleaved rounds (reference, then each of our modes) in one process;
+the table reports the median over rounds of the per-round ratio ours /
+reference (lower is better) and both medians in ms.
+
+Modes, per `--backend` (one process each, `KERAS_BACKEND` set here):
+- jax: ours under `jax.jit`;
+- tensorflow: ours under `tf.function(jit_compile=True)` (XLA) and
+  `tf.function` without XLA (graph mode, what TF Serving runs by default).
+
+Configurations: "2x70 tpb30" (batch 2 x beam 70, 30 tokens per beam at
+dense steps: the reference's own benchmark), "2x70 exact" (70 per beam),
+"128x20", "1x1". Before timing, every configuration checks that our tokens equal
+the reference's (the same set, logits and rule give the same beams).
+Writes `versus_reference_<backend>.csv` under `--out-dir`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+LENGTH, VOCAB, DENSE = 8, 2048, 2
+TABLE_ROWS = 4099  # prime: the hash below spreads over every row
+CONFIGS = (  # (name, batch, beam, tokens per beam at dense steps)
+    ("2x70 tpb30", 2, 70, 30),
+    ("2x70 exact", 2, 70, 70),
+    ("128x20", 128, 20, 20),
+    ("1x1", 1, 1, 1),
+)
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--peer", required=True, help="path of static-constraint-decoding")
+    parser.add_argument("--backend", default="jax", choices=("jax", "tensorflow"))
+    parser.add_argument("--sizes", default="1e5,1e6,1e7")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--configs", default=",".join(c[0] for c in CONFIGS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out-dir", default=os.path.join(REPO, "benchmarks", "results"))
+    return parser.parse_args(argv)
+
+
+def _sorted_ids(n: int, seed: int):
+    import numpy as np
+
+    ids = np.random.default_rng(seed).integers(0, VOCAB, (n, LENGTH), dtype=np.int32)
+    ids = np.unique(ids, axis=0)  # sorted, distinct: the reference builder's input
+    return ids
+
+
+def _reference(peer, ids, table, batch, beam, per_beam):
+    """A jitted call of the reference decode with our logits table."""
+    import jax
+    import jax.numpy as jnp
+
+    sys.path.insert(0, os.path.abspath(peer))
+    from static_decoding import decoding_jax
+    from static_decoding.csr_utils import build_static_index
+
+    packed, indptr, widths, start_mask, dense_mask, dense_states = build_static_index(
+        ids, VOCAB, DENSE
+    )
+    arrays = [jnp.asarray(a) for a in (packed, indptr, start_mask, dense_mask, dense_states)]
+    table = jnp.asarray(table)
+
+    class TableModel:
+        """Logits of (step, last token, batch row); the reference passes `key`
+        through, so it carries the step."""
+
+        def __call__(self, input_ids, key):
+            rows = input_ids.shape[0]
+            batch_row = jnp.arange(rows, dtype=jnp.int32) // max(1, rows // batch)
+            code = _hash(jnp, key, input_ids[:, 0].astype(jnp.int32), batch_row)
+            return jnp.take(table, code, axis=0)[:, None, :], key + 1
+
+        def __hash__(self):
+            return id(self)
+
+    model = TableModel()
+
+    def run():
+        out = decoding_jax.sparse_transition_jax(
+            model, jnp.int32(0), batch, beam, per_beam, 0, LENGTH, VOCAB, widths,
+            *arrays, d_dense=DENSE,
+        )  # fmt: skip
+        return jax.block_until_ready(out)
+
+    return run
+
+
+def _hash(xp, step, last_token, batch_row):
+    return (step * 7919 + last_token * 31 + batch_row * 104729) % TABLE_ROWS
+
+
+def _ours(layer, table, batch, beam, per_beam, backend):
+    """`{mode: call}` of our decode with the same logits (`layer`: the
+    `ConstrainedDecoding` holding the index, built once)."""
+    from keras import ops
+
+    from static_keras import beam_search
+
+    def decode(table_tensor):
+        def step_fn(prefix, state):
+            rows = ops.shape(prefix)[0]
+            t = ops.shape(prefix)[1]
+            last = prefix[:, -1] if t else ops.zeros((rows,), "int32")
+            batch_row = ops.arange(rows, dtype="int32") // beam
+            code = _hash(ops, t, last, batch_row)
+            return ops.take(table_tensor, code, axis=0), state
+
+        return beam_search(layer, step_fn, batch, beam, dense_top_k=per_beam)["tokens"]
+
+    if backend == "jax":
+        import jax
+        import keras
+
+        variables = layer.non_trainable_variables
+
+        def stateless(values, table_tensor):
+            # The index arrays are arguments, not constants folded into the program.
+            with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                return decode(table_tensor)
+
+        jitted = jax.jit(stateless)
+        values = [v.value for v in variables]
+        table = jax.numpy.asarray(table)
+        return {"JAX jit": lambda: jax.block_until_ready(jitted(values, table))}
+    import tensorflow as tf
+
+    variable = tf.Variable(table, trainable=False)
+    xla = tf.function(lambda: decode(variable), jit_compile=True)
+    graph = tf.function(lambda: decode(variable), jit_compile=False)
+    return {"TF jit_compile": lambda: xla().numpy(), "TF graph, no XLA": lambda: graph().numpy()}
+
+
+def main(argv=None):
+    args = _parse(argv)
+    os.environ["KERAS_BACKEND"] = args.backend
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    import numpy as np
+
+    from static_keras import ConstrainedDecoding
+    from static_keras import StaticIndex
+
+    wanted = set(args.configs.split(","))
+    table = np.random.default_rng(args.seed).normal(size=(TABLE_ROWS, VOCAB)).astype("float32")
+    rows = []
+    for size in [int(float(s)) for s in args.sizes.split(",")]:
+        ids = _sorted_ids(size, args.seed)
+        layer = ConstrainedDecoding(StaticIndex.build(ids, VOCAB, dense_levels=DENSE))
+        for name, batch, beam, per_beam in CONFIGS:
+            if name not in wanted:
+                continue
+            reference = _reference(args.peer, ids, table, batch, beam, per_beam)
+            ours = _ours(layer, table, batch, beam, per_beam, args.backend)
+            expected = np.asarray(reference())
+            for mode, call in ours.items():  # the first call also compiles
+                got = np.asarray(call())
+                if not np.array_equal(got, expected):
+                    differ = int((got != expected).any(axis=2).sum())
+                    raise AssertionError(f"{mode}, {name}, N={size}: {differ} beams differ")
+            times = {"reference": [], **{mode: [] for mode in ours}}
+            for _ in range(args.rounds):
+                for mode, call in (("reference", reference), *ours.items()):
+                    start = time.perf_counter()
+                    call()
+                    times[mode].append(time.perf_counter() - start)
+            for mode in ours:
+                ratios = [a / b for a, b in zip(times[mode], times["reference"])]
+                row = {
+                    "backend": args.backend,
+                    "n": size,
+                    "config": name,
+                    "mode": mode,
+                    "ours_ms": statistics.median(times[mode]) * 1000,
+                    "reference_ms": statistics.median(times["reference"]) * 1000,
+                    "ratio_median": statistics.median(ratios),
+                    "rounds": args.rounds,
+                    "load_average": os.getloadavg()[0],
+                }
+                rows.append(row)
+                print(
+                    f"N={size:>9,} {name:<18} {mode:<17} ours {row['ours_ms']:8.2f} ms  "
+                    f"reference {row['reference_ms']:8.2f} ms  ratio {row['ratio_median']:.2f}",
+                    flush=True,
+                )
+    os.makedirs(args.out_dir, exist_ok=True)
+    path = os.path.join(args.out_dir, f"versus_reference_{args.backend}.csv")
+    with open(path, "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
