@@ -140,12 +140,7 @@ def beam_search(
         batch_size = _positive_int(batch_size, "batch_size")
     rows = batch_size * beam_size
 
-    # Only beam 0 is live at the start, so the first step does not return
-    # beam_size copies of the same candidates.
-    first_beam = ops.where(ops.equal(ops.arange(beam_size), 0), 0.0, -np.inf)
-    beam_scores = ops.reshape(
-        ops.zeros((batch_size, 1), dtype="float32") + first_beam[None, :], (-1,)
-    )
+    beam_scores = None  # set by the first step, which starts from one beam per row
     beam_states = ops.zeros((rows,), dtype="int32")
     prefix = ops.zeros((rows, 0), dtype="int32")
     batch_base = ops.expand_dims(ops.arange(batch_size, dtype="int32") * beam_size, 1)
@@ -155,31 +150,49 @@ def beam_search(
     eos = getattr(constraint, "eos_token_id", None)
     finished = ops.zeros((rows,), dtype="bool")
 
+    batch_index = ops.expand_dims(ops.arange(batch_size, dtype="int32"), 1)
     for step in range(length):
         logits, state = step_fn(prefix, state)
+        if step == 0:
+            # One live beam per batch row (row b * beam_size): only its
+            # candidates are scored and ranked, and all of its best
+            # `beam_size` survive.
+            logits = ops.take(logits, batch_base[:, 0], axis=0)  # [B, V]
+            row_states = ops.take(beam_states, batch_base[:, 0])
+            row_scores = ops.zeros((batch_size,), dtype="float32")
+            beams, per_beam = 1, beam_size
+        else:
+            row_states, row_scores, beams, per_beam = (
+                beam_states,
+                beam_scores,
+                beam_size,
+                dense_top_k,
+            )
         log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-        # Step 0 has one live beam: its best `beam_size` candidates survive.
-        per_beam = beam_size if step == 0 else dense_top_k
         if constraint is None:
             scores, tokens = ops.top_k(log_probs, min(per_beam, ops.shape(log_probs)[1]))
             tokens = ops.cast(tokens, "int32")
             next_states = ops.zeros_like(tokens)
         else:
             scores, tokens, next_states = constraint.candidates(
-                log_probs, beam_states, step, top_k=per_beam
+                log_probs, row_states, step, top_k=per_beam
             )
         width = ops.shape(scores)[1]
-        if eos is not None:
+        if eos is not None and step > 0:
             done = ops.expand_dims(finished, 1)
             itself = ops.where(ops.equal(ops.arange(width), 0), 0.0, -np.inf)[None, :]
             scores = ops.where(done, itself, scores)
             tokens = ops.where(done, PAD_TOKEN, tokens)
             next_states = ops.where(done, ops.expand_dims(beam_states, 1), next_states)
-        total = ops.reshape(ops.expand_dims(beam_scores, 1) + scores, (-1, beam_size * width))
+        total = ops.reshape(ops.expand_dims(row_scores, 1) + scores, (-1, beams * width))
+        if beams * width < beam_size:  # step 0 with fewer candidates than beams
+            total = ops.pad(
+                total, [[0, 0], [0, beam_size - beams * width]], constant_values=-np.inf
+            )
         beam_scores, choice = ops.top_k(total, beam_size, sorted=True)  # [B, M]
-        choice = ops.cast(choice, "int32")
+        choice = ops.minimum(ops.cast(choice, "int32"), beams * width - 1)  # padding: dead
         parent = ops.reshape(batch_base + choice // width, (-1,))  # [R] rows
-        flat_choice = ops.reshape(batch_base * width + choice, (-1,))
+        flat_choice = ops.reshape(batch_index * (beams * width) + choice, (-1,))
         live = ops.reshape(ops.greater(beam_scores, -np.inf), (-1,))
         beam_scores = ops.reshape(beam_scores, (-1,))
         token = ops.where(live, ops.take(ops.reshape(tokens, (-1,)), flat_choice), PAD_TOKEN)
