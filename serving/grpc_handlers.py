@@ -53,6 +53,11 @@ def _answer(context, call):
     context.abort(getattr(grpc.StatusCode, failure.code), str(failure))
 
 
+def _version_of(spec) -> tuple[int | None, str | None]:
+    """The `(version, label)` a ModelSpec asks for; None where it names none."""
+    return (spec.version.value if spec.HasField("version") else None), spec.version_label or None
+
+
 class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     def __init__(self, server):
         self.server = server
@@ -65,8 +70,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         from tensorflow_serving.apis import predict_pb2
 
         spec = request.model_spec
-        version = spec.version.value if spec.HasField("version") else None
-        servable = self.server.manager(spec.name).resolve(version, spec.version_label or None)
+        servable = self.server.manager(spec.name).resolve(*_version_of(spec))
         inputs = {name: tensor_to_array(name, proto) for name, proto in request.inputs.items()}
         outputs = servable.run(
             spec.signature_name, inputs, max_batch_rows=self.server.limits.max_batch_rows
@@ -90,9 +94,7 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
     def _status(self, request):
         from tensorflow_serving.apis import get_model_status_pb2
 
-        spec = request.model_spec
-        version = spec.version.value if spec.HasField("version") else None
-        rows = self.server.manager(spec.name).status(version, spec.version_label or None)
+        rows = self.server.manager(request.model_spec.name).status(*_version_of(request.model_spec))
         response = get_model_status_pb2.GetModelStatusResponse()
         states = get_model_status_pb2.ModelVersionStatus.State
         for served, state, error in rows:

@@ -130,7 +130,7 @@ def build_string_arrays(
     offsets = np.zeros(num_members + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     flat = np.frombuffer(b"".join(unique), np.uint8)
-    byte, depth, subtree_end, member_node = kernels.preorder_trie(flat, offsets)
+    byte, _, subtree_end, member_node = kernels.preorder_trie(flat, offsets)
     num_nodes = int(byte.size)
     member_of = np.full(num_nodes, -1, np.int32)
     member_of[member_node] = np.arange(num_members, dtype=np.int32)
