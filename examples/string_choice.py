@@ -40,7 +40,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from keras import ops  # noqa: E402
 
 from static_keras import CachedTransformerDecoder  # noqa: E402
 from static_keras import ConstrainedBeamSearch  # noqa: E402
@@ -142,57 +141,14 @@ def show_beams(out: dict, vocab: TokenVocabulary) -> None:
 
 
 def keras_hub_generate(index: StringIndex, vocab: TokenVocabulary) -> None:
-    """GPT2CausalLM.generate() with a sampler that applies the string constraint."""
+    """GPT2CausalLM.generate() with the library's constrained sampler."""
     try:
         import keras_hub
+
+        from static_keras.keras_hub import ConstrainedSampler
     except ImportError:
         print("  (keras-hub is not installed: skipped)")
         return
-
-    class StringChoiceSampler(keras_hub.samplers.Sampler):
-        """Greedy sampler that only emits tokens spelling a member of `index`.
-
-        Carries one automaton state per row through keras-hub's decode loop:
-        rows still in their prompt keep state 0; the others mask the logits
-        with the constraint layer and advance with the chosen token. An
-        answer ends with EOS, after which only EOS is allowed.
-        """
-
-        def __init__(self, index, **kwargs):
-            super().__init__(**kwargs)
-            self.constraint = index.constraint_layer()
-
-        def __call__(self, next, prompt, cache=None, index=0, mask=None,
-                     stop_token_ids=None, hidden_states=None, model=None, **kwargs):  # fmt: skip
-            max_length = ops.shape(prompt)[-1]
-            index = ops.cast(index, "int32")
-            mask = ops.zeros_like(prompt, "bool") if mask is None else ops.cast(mask, "bool")
-            cache = () if cache is None else cache
-            states = ops.zeros((ops.shape(prompt)[0],), "int32")
-
-            def cond(prompt, cache, index, mask, states):
-                return ops.logical_not(ops.all(self.constraint.is_finished(states)))
-
-            def body(prompt, cache, index, mask, states):
-                logits, _, cache = next(prompt, cache, index)
-                logits = self.constraint.mask_logits(logits, states)
-                token = ops.cast(self.get_next_token(self.compute_probabilities(logits)), "int32")
-                in_prompt = ops.take(mask, index, axis=1)
-                token = ops.where(in_prompt, ops.take(prompt, index, axis=1), token)
-                states = ops.where(in_prompt, states, self.constraint.advance(states, token))
-                prompt = ops.slice_update(
-                    prompt, [0, index], ops.cast(token, prompt.dtype)[:, None]
-                )
-                return prompt, cache, index + 1, mask, states
-
-            prompt, *_ = self.run_loop(
-                cond, body, loop_vars=(prompt, cache, index, mask, states),
-                maximum_iterations=max_length - index, model=model,
-            )  # fmt: skip
-            return prompt
-
-        def get_next_token(self, probabilities):
-            return ops.argmax(probabilities, axis=-1)
 
     keras.utils.set_random_seed(1)
     backbone = keras_hub.models.GPT2Backbone(
@@ -200,7 +156,8 @@ def keras_hub_generate(index: StringIndex, vocab: TokenVocabulary) -> None:
         intermediate_dim=64, max_sequence_length=64,
     )  # fmt: skip
     causal_lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-    causal_lm.compile(sampler=StringChoiceSampler(index))
+    # Greedy (k=1); ConstrainedSampler(index, k=5, seed=0) samples instead.
+    causal_lm.compile(sampler=ConstrainedSampler(index))
     prompt_length, rows = 5, 3
     total = prompt_length + index.length
     token_ids = np.zeros((rows, total), "int32")

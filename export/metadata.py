@@ -8,7 +8,8 @@ import os
 import numpy as np
 
 from static_keras import __version__
-from static_keras.index import serialization
+from static_keras.export.model_layers import constraints
+from static_keras.index import archive
 from static_keras.index.static_index import StaticIndex
 from static_keras.layers.constrained_decoding import ConstrainedDecoding
 
@@ -16,32 +17,28 @@ METADATA_FILENAME = "static_keras_index.json"
 
 
 def index_from_layer(layer: ConstrainedDecoding) -> StaticIndex:
-    """The `StaticIndex` whose arrays a constraint layer holds."""
-    arrays = {
-        name: np.asarray(weight.numpy() if hasattr(weight, "numpy") else weight)
-        for name, weight in layer.index_weights.items()
-    }
-    shapes = layer.layout.array_shapes()
-    arrays = {name: arrays[name].astype(shapes[name][1], copy=False) for name in shapes}
-    return StaticIndex(layer.layout, arrays)
+    """The `StaticIndex` whose arrays a semantic-ID constraint layer holds.
+
+    (A string layer holds only the device arrays, not the member strings, so
+    its `index_metadata()` describes it instead.)
+    """
+    if not isinstance(layer, ConstrainedDecoding):
+        raise ValueError(
+            f"`layer` must be a ConstrainedDecoding layer. Received: {type(layer).__name__}"
+        )
+    return StaticIndex(layer.layout, layer.index_arrays())
 
 
 def model_metadata(model) -> dict:
     """Metadata of every index inside `model` (usually exactly one)."""
     indexes = []
-    for layer in model._flatten_layers():
-        if isinstance(layer, ConstrainedDecoding):
-            index = index_from_layer(layer)
-            entry = serialization.metadata(index.layout, index.arrays)
-        elif hasattr(layer, "index_metadata"):  # e.g. StringConstrainedDecoding
-            entry = layer.index_metadata()
-        else:
-            continue
-        entry["layer"] = layer.path if hasattr(layer, "path") else layer.name
+    for layer in constraints(model):
+        entry = layer.index_metadata()
+        entry["layer"] = layer.path
         indexes.append(entry)
     return {
         "static_keras_version": __version__,
-        "index_format_version": serialization.FORMAT_VERSION,
+        "index_format_version": archive.FORMAT_VERSION,
         "indexes": indexes,
         "num_variables": len(model.variables),
         "variable_bytes": int(

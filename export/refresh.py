@@ -5,19 +5,27 @@ from __future__ import annotations
 import keras
 
 from static_keras.decoding.constrained_beam_search import ConstrainedBeamSearch
-from static_keras.index.static_index import StaticIndex
+from static_keras.export.model_layers import beam_searches
+from static_keras.index.automaton import TokenAutomaton
 
 
-def replace_index(model: keras.Model, index: StaticIndex) -> keras.Model:
+def replace_index(model: keras.Model, index: TokenAutomaton) -> keras.Model:
     """A copy of `model` whose `ConstrainedBeamSearch` decodes over `index`.
 
     Every other layer (the decoder included) is shared with `model`, so the
     copy holds the same decoder weights; only the index tensors are new (and
-    may have other shapes: a new catalogue is a new layout). Publish the copy
-    as a new version for a daily refresh (fresh items, stock, regions).
+    may have other shapes: a new catalogue is a new layout). Either kind of
+    index (`StaticIndex`, `StringIndex`), of the kind the model holds. The
+    search keeps every setting of the old one (beam size, results, tokens
+    per beam, distinct items, outputs). Publish the copy as a new version
+    for a daily refresh (fresh items, stock, regions).
     """
-    layers = model._flatten_layers()
-    searches = [layer for layer in layers if isinstance(layer, ConstrainedBeamSearch)]
+    if not isinstance(index, TokenAutomaton):
+        raise ValueError(
+            "`index` must be a TokenAutomaton (StaticIndex, StringIndex). "
+            f"Received: {type(index).__name__}"
+        )
+    searches = beam_searches(model)
     if len(searches) != 1:
         raise ValueError(
             f"The model must hold exactly one ConstrainedBeamSearch; found {len(searches)}"
@@ -25,20 +33,31 @@ def replace_index(model: keras.Model, index: StaticIndex) -> keras.Model:
     (old,) = searches
     if old.constraint is None:
         raise ValueError("The model's search is unconstrained; it has no index to replace")
-    for name in ("vocab_size", "length"):
-        if getattr(index, name) != getattr(old.constraint, name):
+    if not isinstance(index, old.constraint.index_class):
+        raise ValueError(
+            f"The model decodes over a {old.constraint.index_class.__name__}; the new index "
+            f"is a {type(index).__name__}"
+        )
+    for name, new_value, old_value in (
+        ("vocab_size", index.vocab_size, old.constraint.vocab_size),
+        ("length", index.length, old.constraint.length),
+        ("eos_token_id", index.eos_token_id, old.constraint.eos_token_id),
+    ):
+        if new_value != old_value:
             raise ValueError(
-                f"The new index does not match the model: {name} is "
-                f"{getattr(index, name)} in the index and {getattr(old.constraint, name)} "
-                "in the model"
+                f"The new index does not match the model: {name} is {new_value} in the "
+                f"index and {old_value} in the model"
             )
+    config = old.get_config()
     new = ConstrainedBeamSearch(
         index,
         old.decoder,
         beam_size=old.beam_size,
         num_results=old.num_results,
         dense_top_k=old.dense_top_k,
-        name=old.name,
+        distinct_items=old.distinct_items,
+        outputs=old.outputs,
+        name=config["name"],
     )
     return keras.models.clone_model(
         model, clone_function=lambda layer: new if layer is old else layer

@@ -73,17 +73,11 @@ def context_id_ranges(model: keras.Model) -> dict[str, tuple[int, int]]:
     input in `context_vocab_size` rows. Other decoders: pass `input_ranges`
     to `export_saved_model`.
     """
-    from static_keras.decoding.constrained_beam_search import ConstrainedBeamSearch
+    from static_keras.export.model_layers import beam_searches
     from static_keras.layers.cached_transformer_decoder import CachedTransformerDecoder
 
-    def layers(container):  # public `.layers`, into nested models
-        for layer in container.layers:
-            yield layer
-            if isinstance(layer, keras.Model):
-                yield from layers(layer)
-
     integer = [t for t in model.inputs if tf.as_dtype(t.dtype).is_integer]
-    searches = [layer for layer in layers(model) if isinstance(layer, ConstrainedBeamSearch)]
+    searches = beam_searches(model)
     if len(integer) != 1 or len(searches) != 1:
         return {}
     decoder = searches[0].decoder

@@ -69,10 +69,30 @@ def _dense_levels(text: str):
 
 
 def _cmd_build_index(args) -> None:
-
+    if args.runner == "beam":
+        _build_index_beam(args)
+        return
     from static_keras.index.static_index import StaticIndex
 
-    sequences = _load_array(args.sequences)
+    beam_only = [
+        flag
+        for flag, value in (
+            ("--beam-option", args.beam_option),
+            ("--input-format", args.input_format != "auto"),
+            ("--sequence-field", args.sequence_field),
+            ("--item-id-field", args.item_id_field),
+            ("--partition-levels", args.partition_levels != "auto"),
+            ("--temp-location", args.temp_location),
+        )
+        if value
+    ]
+    if beam_only:
+        raise UserError(f"{beam_only[0]} needs --runner beam")
+    if len(args.sequences) != 1:
+        raise UserError(
+            "the in-process runner reads one file; globs and many files need --runner beam"
+        )
+    sequences = _load_array(args.sequences[0])
     item_ids = None
     if args.item_ids:
         item_ids = _load_array(args.item_ids, column="item_id")
@@ -96,14 +116,64 @@ def _cmd_build_index(args) -> None:
     _print_stats(index)
 
 
-def _cmd_inspect(args) -> None:
-    from static_keras.index.static_index import StaticIndex
+def _build_index_beam(args) -> None:
+    """`build-index --runner beam`: shards (globs) through an Apache Beam pipeline."""
+    if args.item_ids:
+        raise UserError(
+            "with --runner beam, item ids come from the shards: pass --item-id-field "
+            "(a Parquet column, a TFRecord feature, or the last CSV column)"
+        )
+    try:
+        from static_keras.index.beam_build import PipelineFailed
+        from static_keras.index.beam_build import build_index_beam
+    except ImportError as error:
+        raise UserError(
+            f"--runner beam needs Apache Beam ({error}): pip install 'static-keras[beam]'"
+        ) from None
+    start = time.perf_counter()
+    try:
+        index = build_index_beam(
+            args.sequences,
+            args.vocab_size,
+            args.out,
+            input_format=args.input_format,
+            sequence_field=args.sequence_field,
+            item_id_field=args.item_id_field,
+            dense_levels=args.dense_levels,
+            on_duplicate_item=args.on_duplicate_item,
+            partition_levels=args.partition_levels,
+            pipeline_options=args.beam_option or [],
+            temp_location=args.temp_location,
+            progress=_ProgressBar(args.progress or sys.stderr.isatty()),
+        )
+    except PipelineFailed as error:
+        raise UserError(str(error)) from None
+    seconds = time.perf_counter() - start
+    print(f"built with Apache Beam in {seconds:.2f} s, wrote {args.out}")
+    _print_stats(index)
 
-    _print_stats(StaticIndex.load(args.index))
+
+def _load_index(path: str):
+    """An index file of any kind (semantic IDs or a string set)."""
+    from static_keras.index import archive
+
+    try:
+        return archive.load(path)
+    except (FileNotFoundError, ValueError) as error:
+        raise UserError(str(error)) from None
+
+
+def _cmd_inspect(args) -> None:
+    _print_stats(_load_index(args.index))
 
 
 def _print_stats(index) -> None:
-    print(f"sequences     {index.num_sequences:,}")
+    print(f"kind          {index.kind}")
+    if index.kind == "semantic_ids":
+        print(f"sequences     {index.num_members:,}")
+    else:
+        print(f"members       {index.num_members:,}")
+        print(f"eos_token_id  {index.eos_token_id}")
     print(f"states        {index.num_states:,}")
     print(f"vocab_size    {index.vocab_size}")
     print(f"length        {index.length}")
@@ -132,11 +202,13 @@ def _load_model(path: str):
 
 def _model_with_index(args):
     from static_keras.export import replace_index
-    from static_keras.index.static_index import StaticIndex
 
     model = _load_model(args.model)
     if args.index:
-        model = replace_index(model, StaticIndex.load(args.index))
+        try:
+            model = replace_index(model, _load_index(args.index))
+        except ValueError as error:
+            raise UserError(str(error)) from None
     return model
 
 
@@ -331,11 +403,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-serve", action="store_true", help="skip the export/serving part")
     demo.set_defaults(run=_cmd_demo)
 
-    build = commands.add_parser("build-index", help="compile sequences into an index file")
+    build = commands.add_parser(
+        "build-index",
+        help="compile sequences into an index file",
+        description="Compile semantic IDs into an index file: in this process from one file, "
+        "or with --runner beam from many shards (globs, any Beam filesystem) through an "
+        "Apache Beam pipeline (docs/beam.md).",
+    )
     build.add_argument(
         "sequences",
+        nargs="+",
         help="int array [N, L] of semantic IDs: .npy, .csv (no header) or .parquet (one "
-        "integer column per level; a column 'item_id' is skipped)",
+        "integer column per level; a column 'item_id' is skipped); with --runner beam, "
+        "paths or globs of .parquet, .tfrecord or .csv shards",
     )
     build.add_argument("--vocab-size", type=int, required=True, help="token ids per level, V")
     build.add_argument("--out", required=True, help="index file to write (.npz)")
@@ -355,10 +435,55 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["error", "first", "last"],
         help="one semantic ID with two item ids: fail, or keep the first/last",
     )
+    build.add_argument(
+        "--runner",
+        default="in-process",
+        choices=["in-process", "beam"],
+        help="in-process (default): StaticIndex.build in this process; beam: an Apache Beam "
+        "pipeline, the local runner unless --beam-option says otherwise",
+    )
+    build.add_argument(
+        "--beam-option",
+        action="append",
+        metavar="FLAG",
+        help="a Beam pipeline option, passed on; repeat it, and write it with '=': "
+        "--beam-option=--runner=DataflowRunner --beam-option=--direct_num_workers=2",
+    )
+    build.add_argument(
+        "--input-format",
+        default="auto",
+        choices=["auto", "parquet", "tfrecord", "csv"],
+        help="(beam) shard format; auto: from each file's suffix",
+    )
+    build.add_argument(
+        "--sequence-field",
+        help="(beam) Parquet list column or TFRecord int64 feature of the IDs (default: every "
+        "Parquet column but the item ids; TFRecord feature 'semantic_id')",
+    )
+    build.add_argument(
+        "--item-id-field",
+        help="(beam) Parquet column or TFRecord feature of the item ids; for CSV, any name "
+        "reads the last column",
+    )
+    build.add_argument(
+        "--partition-levels",
+        default="auto",
+        type=_dense_levels,
+        help="(beam) first tokens of a partition key (int or 'auto': at least 256 keys)",
+    )
+    build.add_argument(
+        "--temp-location",
+        help="(beam) folder for staged partitions, on a filesystem the workers can write "
+        "(default: the pipeline's --temp_location, else beside --out)",
+    )
     build.set_defaults(run=_cmd_build_index)
 
-    inspect = commands.add_parser("inspect", help="print an index file's statistics")
-    inspect.add_argument("index", help="index file written by build-index or StaticIndex.save")
+    inspect = commands.add_parser(
+        "inspect", help="print an index file's statistics (semantic IDs or a string set)"
+    )
+    inspect.add_argument(
+        "index", help="index file written by build-index, StaticIndex.save or StringIndex.save"
+    )
     inspect.set_defaults(run=_cmd_inspect)
 
     def model_arguments(command):

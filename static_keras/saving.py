@@ -19,6 +19,7 @@ LAYER_MODULES = (
     "static_keras.layers.constrained_decoding",
     "static_keras.decoding.constrained_beam_search",
     "static_keras.strings.string_constrained_decoding",
+    "static_keras.metrics.recall_at_k",
 )
 
 

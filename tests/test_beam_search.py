@@ -14,6 +14,7 @@ from static_keras import CachedTransformerDecoder
 from static_keras import ConstrainedBeamSearch
 from static_keras import StaticIndex
 from static_keras import beam_search
+from static_keras.layers import DecodingConstraint
 
 _TABLE_ROWS = 97
 
@@ -205,6 +206,34 @@ def test_functional_model_keras_round_trip_and_batch_sizes(tmp_path):
         assert expected["tokens"].shape == (len(batch), 3, 4)
 
 
+def test_scores_and_item_ids_outputs_like_keras_rs(tmp_path):
+    index, decoder, context = _cached_setup(seed=3)
+    inputs = keras.Input((6,), dtype="int32")
+    full = ConstrainedBeamSearch(index, decoder, beam_size=5, num_results=3)
+    pair = ConstrainedBeamSearch(
+        constraint=full.constraint, decoder=decoder, beam_size=5, num_results=3,
+        outputs="scores_and_item_ids",
+    )  # fmt: skip
+    only = ConstrainedBeamSearch(index, decoder, beam_size=5, num_results=3, outputs="item_ids")
+    expected = full(context)
+    scores, ids = pair(context)
+    np.testing.assert_array_equal(np.asarray(scores), np.asarray(expected["scores"]))
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(expected["item_ids"]))
+    np.testing.assert_array_equal(np.asarray(only(context)), np.asarray(expected["item_ids"]))
+    model = keras.Model(inputs, pair(inputs))
+    model.save(os.path.join(tmp_path, "pair.keras"))
+    loaded = keras.saving.load_model(os.path.join(tmp_path, "pair.keras"))
+    for a, b in zip(model.predict(context, verbose=0), loaded.predict(context, verbose=0)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="`outputs` must be one of"):
+        ConstrainedBeamSearch(index, decoder, outputs="ids")
+    plain = StaticIndex.build(index.sequences(), index.vocab_size)
+    with pytest.raises(ValueError, match="needs an index with item ids"):
+        ConstrainedBeamSearch(plain, decoder, outputs="item_ids")
+    with pytest.raises(ValueError, match="needs an index with item ids; this search has no index"):
+        ConstrainedBeamSearch(decoder=decoder, length=4, outputs="scores_and_item_ids")
+
+
 @pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="jit_compile is TF's")
 def test_eager_equals_xla_compiled_search():
     import tensorflow as tf
@@ -355,7 +384,7 @@ def test_jax_backend():
     assert "jax ok" in result.stdout
 
 
-class _DenseAutomaton:
+class _DenseAutomaton(DecodingConstraint):
     """A toy variable-length constraint: a dense [states, V] transition table.
 
     Members are token sequences ending with EOS; used to test the beam search's

@@ -12,9 +12,12 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-pytestmark = pytest.mark.skipif(
-    keras.config.backend() != "tensorflow", reason="the benchmarks run on TensorFlow"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        keras.config.backend() != "tensorflow", reason="the benchmarks run on TensorFlow"
+    ),
+    pytest.mark.slow,  # the quick benchmark suite takes about a minute: CI's slow step
+]
 
 DECODE_COLUMNS = {
     "sweep", "device", "n", "vocab_size", "length", "dense_levels", "batch_size", "beam_size",

@@ -159,3 +159,16 @@ def test_bench_runs_only_from_a_source_checkout(tmp_path):
     assert result.returncode == 2, result.stderr
     assert "runs from a source checkout only" in result.stderr
     assert not marker.exists()
+
+
+def test_inspect_a_string_index(capsys, tmp_path):
+    from static_keras.strings import StringIndex
+    from static_keras.strings import TokenVocabulary
+
+    vocab = TokenVocabulary.from_token_bytes([b"a", b"b", b"ab", b"<e>"], special=[3])
+    index = StringIndex.from_strings(["ab", "ba", "b"], vocab, eos_token_id=3)
+    index.save(tmp_path / "tools.npz")
+    code, out, _ = run(capsys, "inspect", str(tmp_path / "tools.npz"))
+    assert code == 0, out
+    assert re.search(r"kind\s+strings", out) and re.search(r"members\s+3", out)
+    assert re.search(r"eos_token_id\s+3", out) and index.checksum in out

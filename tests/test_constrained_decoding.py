@@ -174,7 +174,7 @@ def test_mismatched_layout_and_bad_arguments():
         ConstrainedDecoding(vocab_size=3)
     with pytest.raises(ValueError, match="`step` must lie in"):
         layer(np.zeros((1, 7), "float32"), np.zeros(1, "int32"), step=4)
-    with pytest.raises(ValueError, match="`step` must be a Python int"):
+    with pytest.raises(ValueError, match="`step` must be an int, a scalar int tensor or None"):
         layer.advance(np.zeros(1, "int32"), np.zeros(1, "int32"), step=1.0)
     with pytest.raises(ValueError, match="`mode`"):
         layer(np.zeros((1, 7), "float32"), np.zeros(1, "int32"), step=0, mode="dense")

@@ -3,6 +3,7 @@
 import os
 
 import numpy as np
+import pytest
 
 from static_keras.demo import run_demo
 from static_keras.demo.world import make_users
@@ -11,6 +12,7 @@ from static_keras.index.semantic_ids import disambiguate
 from static_keras.index.semantic_ids import fit_residual_kmeans
 
 
+@pytest.mark.slow  # 75 s: the whole quick demo; CI runs it in the slow step
 def test_quick_demo_invariants(tmp_path, capfd):
     results = run_demo(str(tmp_path), quick=True, print_fn=lambda *_: None)
     out, err = capfd.readouterr()

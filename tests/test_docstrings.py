@@ -6,11 +6,14 @@ import importlib
 import pytest
 
 MODULES = [
+    "static_keras.index.archive",
     "static_keras.index.static_index",
+    "static_keras.layers.automaton_constraint",
     "static_keras.layers.constrained_decoding",
     "static_keras.layers.cached_transformer_decoder",
     "static_keras.decoding.beam_search",
     "static_keras.decoding.constrained_beam_search",
+    "static_keras.metrics.recall_at_k",
 ]
 
 

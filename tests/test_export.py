@@ -123,7 +123,7 @@ def test_metadata_names_the_index(small_model, tmp_path):
     assert entry["checksum"] == index.checksum
     assert entry["num_sequences"] == index.num_sequences
     assert entry["layout"] == index.layout.to_config()
-    assert entry["format_version"] == 1
+    assert entry["format_version"] == 2 and entry["kind"] == "semantic_ids"
     assert metadata["freshness_days"] == 7
     assert metadata["xla"] is False and metadata["created"].endswith("Z")
 

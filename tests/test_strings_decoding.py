@@ -20,6 +20,7 @@ from static_keras import MASKED_LOGIT
 from static_keras import CachedTransformerDecoder
 from static_keras import ConstrainedBeamSearch
 from static_keras import beam_search
+from static_keras import constraint_for
 from static_keras.strings import StringIndex
 from static_keras.strings import StringLogitsProcessor
 from static_keras.strings import TokenVocabulary
@@ -86,7 +87,7 @@ def _sequences(oracle, vocabulary, eos, limit):
 
 
 def test_candidates_mask_and_advance_match_the_index(index):
-    layer = index.constraint_layer()
+    layer = constraint_for(index)
     rng = np.random.default_rng(0)
     for step, frontier in enumerate(reachable_by_step(index)):
         states = np.array(sorted(frontier) + [-1], np.int32)
@@ -114,7 +115,7 @@ def test_candidates_mask_and_advance_match_the_index(index):
 
 
 def test_top_k_keeps_the_best_allowed_tokens(index):
-    layer = index.constraint_layer()
+    layer = constraint_for(index)
     logits = np.random.default_rng(1).normal(size=(2, index.vocab_size)).astype("float32")
     states = np.zeros(2, np.int32)
     full, tokens, _ = (np.asarray(x) for x in layer.candidates(logits, states, 0))
@@ -129,7 +130,7 @@ def test_top_k_keeps_the_best_allowed_tokens(index):
 
 
 def test_item_ids_and_finished_states(index, bpe):
-    layer = index.constraint_layer()
+    layer = constraint_for(index)
     states = index.walk([[bpe.token_bytes.index(b"s")], []])
     accept = np.arange(index.layout.accept_offset, index.num_states)
     np.testing.assert_array_equal(np.asarray(layer.item_ids(accept)), index.item_ids(accept))
@@ -141,7 +142,7 @@ def test_item_ids_and_finished_states(index, bpe):
 
 
 def test_never_nan_on_rows_with_nothing_allowed(index):
-    layer = index.constraint_layer()
+    layer = constraint_for(index)
     states = np.array([-1, -1], np.int32)
     logits = np.full((2, index.vocab_size), -np.inf, "float32")
     scores, tokens, nxt = (np.asarray(x) for x in layer(logits, states, step=0))
@@ -177,7 +178,7 @@ def test_weights_config_round_trip_and_keras_file(index, tmp_path):
         model.predict([logits, states], verbose=0), loaded.predict([logits, states], verbose=0)
     ):
         np.testing.assert_array_equal(a, b)
-    restored = [x for x in loaded._flatten_layers() if isinstance(x, StringConstrainedDecoding)][0]
+    restored = [x for x in loaded.layers if isinstance(x, StringConstrainedDecoding)][0]
     assert restored.index_metadata()["device_checksum"] == index.checksum
     with pytest.raises(ValueError, match="does not match"):
         StringConstrainedDecoding(index, num_members=3)
@@ -190,7 +191,7 @@ def test_weights_config_round_trip_and_keras_file(index, tmp_path):
 
 
 def test_eager_equals_xla(index):
-    layer = index.constraint_layer()
+    layer = constraint_for(index)
     logits = np.random.default_rng(3).normal(size=(4, index.vocab_size)).astype("float32")
     states = np.array([0, 0, 3, -1], np.int32)
 
@@ -384,10 +385,11 @@ _JAX_SCRIPT = textwrap.dedent(
     from keras import ops
     from test_strings_fixtures import MEMBERS, byte_level_vocabulary
     from static_keras import beam_search
+    from static_keras import constraint_for
     from static_keras.strings import StringIndex
     vocab = byte_level_vocabulary()
     index = StringIndex.from_strings(MEMBERS, vocab, eos_token_id=vocab.eos_token_id)
-    layer = index.constraint_layer()
+    layer = constraint_for(index)
     logits = np.random.default_rng(0).normal(size=(3, vocab.vocab_size)).astype("float32")
     states = np.array([0, 0, -1], np.int32)
     eager = layer.candidates(logits, states, 0, top_k=4)

@@ -350,7 +350,9 @@ def _mask_benchmark(args, vocab, vocab_npz, index, strings, k, rows_out, diff_ou
 def _layer_benchmark(args, index, states, base):
     import tensorflow as tf
 
-    layer = index.constraint_layer()
+    from static_keras.layers import constraint_for
+
+    layer = constraint_for(index)
     logits = tf.random.normal((args.batch, index.vocab_size))
 
     @tf.function

@@ -12,11 +12,12 @@ from static_keras.baselines._common import check_step
 from static_keras.baselines._common import num_candidates
 from static_keras.baselines._common import pad_invalid
 from static_keras.index.builder import validate_sequences
+from static_keras.layers.decoding_constraint import DecodingConstraint
 
 _LEAF = -1  # child id stored for a last token: leaves hold no dict
 
 
-class CpuTrie:
+class CpuTrie(DecodingConstraint):
     """Constrained decoding the way GENRE and `prefix_allowed_tokens_fn` do it.
 
     The valid set lives on the host as a trie of Python dicts (one

@@ -11,6 +11,7 @@ from static_keras.baselines._common import common_prefix_lengths
 from static_keras.baselines._common import num_candidates
 from static_keras.baselines._common import pad_invalid
 from static_keras.baselines._common import sorted_unique
+from static_keras.layers.decoding_constraint import DecodingConstraint
 
 # All arithmetic stays below 2**63 in int64 (no wrap-around on any backend):
 # lanes are residues modulo the Mersenne prime 2**31 - 1, multipliers of the
@@ -20,7 +21,7 @@ _ROLL = (1540483477, 461845907)
 _MIX = ((625341585, 1013904242, 97), (528734635, 189498087, 193), (668265263, 374761393, 389))
 
 
-class HashBitmap:
+class HashBitmap(DecodingConstraint):
     """Membership of `prefix + token` in a Bloom filter of all valid prefixes.
 
     Every valid prefix (every length 1..L) is hashed and sets `num_hashes`

@@ -12,11 +12,12 @@ from static_keras.baselines._common import num_candidates
 from static_keras.baselines._common import pad_invalid
 from static_keras.baselines._common import sorted_unique
 from static_keras.constants import INVALID_STATE
+from static_keras.layers.decoding_constraint import DecodingConstraint
 
 SEARCH_METHODS = ("native", "unrolled")
 
 
-class PPVExact:
+class PPVExact(DecodingConstraint):
     """Exact PPV: a vectorised binary search for every (row, token) pair.
 
     The baseline of Ye et al. (AISTATS 2025) as the STATIC paper runs it: the

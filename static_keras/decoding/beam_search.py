@@ -11,14 +11,15 @@ from keras import ops
 
 from static_keras.constants import INVALID_STATE
 from static_keras.constants import PAD_TOKEN
-from static_keras.index.static_index import StaticIndex
-from static_keras.layers.constrained_decoding import ConstrainedDecoding
+from static_keras.index.automaton import TokenAutomaton
+from static_keras.layers.automaton_constraint import constraint_for
+from static_keras.layers.decoding_constraint import DecodingConstraint
 
 StepFn = Callable[[Any, Any], tuple[Any, Any]]
 
 
 def beam_search(
-    index: StaticIndex | ConstrainedDecoding | None,
+    index: TokenAutomaton | DecodingConstraint | None,
     step_fn: StepFn,
     batch_size,
     beam_size: int,
@@ -43,17 +44,15 @@ def beam_search(
     exact: every valid sequence, ranked by total log-probability.
 
     Args:
-        index: `StaticIndex`, a `ConstrainedDecoding` layer holding one, or
-            None for an unconstrained search (the baseline: plain top-k over
-            the vocabulary, `length` steps). Any object with an int `length`
-            and the method `candidates(log_probs, states, step, top_k)` of
-            `ConstrainedDecoding` also works (the benchmarks' baselines plug
-            in this way); item ids are returned when it has `item_ids(states)`
-            and `layout.has_item_ids`. A constraint with an int
-            `eos_token_id` decodes variable-length sequences: a beam ends
-            when it emits that token (later positions are -1) and only ended
-            beams are returned. An index type with a `constraint_layer()`
-            method is turned into its layer.
+        index: a `TokenAutomaton` (`StaticIndex`, `StringIndex`), which is
+            turned into its layer (`constraint_for`), a `DecodingConstraint`
+            (the layers `ConstrainedDecoding`, `StringConstrainedDecoding`,
+            or the benchmarks' baselines), or None for an unconstrained
+            search (the baseline: plain top-k over the vocabulary, `length`
+            steps). Item ids are returned when the constraint
+            `has_item_ids`. A constraint with an int `eos_token_id` decodes
+            variable-length sequences: a beam ends when it emits that token
+            (later positions are -1) and only ended beams are returned.
         step_fn: `step_fn(prefix, state) -> (logits, state)`. `prefix` is
             int32 `[R, t]` (the tokens so far), `logits` `[R, V]`, `state`
             any nest of tensors with leading dimension R.
@@ -94,6 +93,7 @@ def beam_search(
 
     >>> import numpy as np
     >>> from keras import ops
+    >>> from static_keras import StaticIndex
     >>> index = StaticIndex.build([[1, 2], [1, 3], [0, 2]], vocab_size=4)
     >>> def step_fn(prefix, state):
     ...     return ops.zeros((ops.shape(prefix)[0], 4)), state
@@ -115,17 +115,15 @@ def beam_search(
     else:
         if length is not None:
             raise ValueError("`length` is given by the index; pass length=None")
-        if isinstance(index, StaticIndex):
-            constraint = ConstrainedDecoding(index)
-        elif hasattr(index, "constraint_layer"):  # another index type, e.g. strings
-            constraint = index.constraint_layer()
-        elif hasattr(index, "candidates") and hasattr(index, "length"):
+        if isinstance(index, TokenAutomaton):
+            constraint = constraint_for(index)
+        elif isinstance(index, DecodingConstraint):
             constraint = index
         else:
             raise ValueError(
-                "`index` must be a StaticIndex, a ConstrainedDecoding layer, an "
-                "object with `length` and `candidates(log_probs, states, step, "
-                f"top_k)`, or None. Received: {type(index).__name__}"
+                "`index` must be a TokenAutomaton (StaticIndex, StringIndex), a "
+                "DecodingConstraint (ConstrainedDecoding, StringConstrainedDecoding, a "
+                f"baseline), or None. Received: {type(index).__name__}"
             )
         length = constraint.length
     beam_size = _positive_int(beam_size, "beam_size")
@@ -147,7 +145,7 @@ def beam_search(
     state = initial_state
     # Variable-length sets (strings) end with EOS: a finished beam keeps its
     # score and proposes only itself (token -1) at every later step.
-    eos = getattr(constraint, "eos_token_id", None)
+    eos = None if constraint is None else constraint.eos_token_id
     finished = ops.zeros((rows,), dtype="bool")
 
     batch_index = ops.expand_dims(ops.arange(batch_size, dtype="int32"), 1)
@@ -226,8 +224,7 @@ def beam_search(
         "tokens": ops.reshape(tokens, (-1, beam_size, length))[:, :num_results],
         "scores": ops.reshape(beam_scores, (-1, beam_size))[:, :num_results],
     }
-    layout = getattr(constraint, "layout", None)
-    if getattr(layout, "has_item_ids", False):
+    if constraint is not None and constraint.has_item_ids:
         ids = constraint.item_ids(ops.where(live, beam_states, INVALID_STATE))
         result["item_ids"] = ops.reshape(ids, (-1, beam_size))[:, :num_results]
     return result

@@ -7,8 +7,12 @@ from keras import ops
 
 from static_keras.api_export import static_keras_export
 from static_keras.decoding.beam_search import beam_search
-from static_keras.index.static_index import StaticIndex
-from static_keras.layers.constrained_decoding import ConstrainedDecoding
+from static_keras.index.automaton import TokenAutomaton
+from static_keras.layers.automaton_constraint import AutomatonConstraint
+from static_keras.layers.automaton_constraint import constraint_for
+
+#: What `call` returns, by the `outputs` argument.
+OUTPUTS = ("dict", "scores_and_item_ids", "item_ids")
 
 
 @static_keras_export
@@ -26,10 +30,10 @@ class ConstrainedBeamSearch(keras.layers.Layer):
     repeated context itself is the state.
 
     Args:
-        index: `StaticIndex` or None. The valid set. None when `constraint`
-            is given (as `from_config` does), or for an unconstrained search
-            of `length` steps (the baseline the constraint is measured
-            against).
+        index: a `TokenAutomaton` (`StaticIndex`, `StringIndex`) or None.
+            The valid set. None when `constraint` is given (as `from_config`
+            does), or for an unconstrained search of `length` steps (the
+            baseline the constraint is measured against).
         decoder: Keras layer or model following the step contract.
         beam_size: int. Beams kept per input row. Defaults to 10.
         num_results: int or None. Results per row, at most `beam_size`.
@@ -37,24 +41,33 @@ class ConstrainedBeamSearch(keras.layers.Layer):
         dense_top_k: int or None. Candidates per beam at dense-head steps
             after the first (every step after the first when unconstrained);
             the first step keeps `beam_size`. Defaults to `beam_size`.
-        constraint: `ConstrainedDecoding` or None: the layer that holds the
+        constraint: an `AutomatonConstraint` (`ConstrainedDecoding`,
+            `StringConstrainedDecoding`) or None: the layer that holds the
             index weights; built from `index` when None.
         length: int or None. Steps of an unconstrained search (no index and
             no constraint); None otherwise.
         distinct_items: bool. Each member of a string set once, with its
             best tokenization (see `beam_search`). Defaults to True.
+        outputs: `"dict"` (tokens, scores, item ids), `"scores_and_item_ids"`
+            (the tuple `(scores, item_ids)` that keras-rs retrieval layers
+            return) or `"item_ids"`. The last two need an index with item
+            ids. Defaults to `"dict"`.
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
         context: tensor or nest of tensors with leading dimension B.
 
     Returns:
-        dict: `tokens` int32 `[B, K, L]`, `scores` float32 `[B, K]`, and
-        `item_ids` `[B, K]` when the index has item ids (see `beam_search`).
+        `outputs="dict"`: `tokens` int32 `[B, K, L]`, `scores` float32
+        `[B, K]`, and `item_ids` `[B, K]` when the index has item ids (see
+        `beam_search`). `"scores_and_item_ids"`: `(scores, item_ids)`.
+        `"item_ids"`: `item_ids`. Rows are sorted by score; padding has
+        score `-inf` and item id -1.
 
     Example:
 
     >>> import numpy as np
+    >>> from static_keras import StaticIndex
     >>> index = StaticIndex.build([[1, 2], [1, 3], [0, 2]], vocab_size=4)
     >>> class Uniform(keras.layers.Layer):
     ...     def call(self, prefix, state):
@@ -63,18 +76,26 @@ class ConstrainedBeamSearch(keras.layers.Layer):
     >>> out = search(np.zeros((2, 1), "float32"))
     >>> np.asarray(out["tokens"]).shape
     (2, 3, 2)
+    >>> rows = [[1, 2], [1, 3], [0, 2]]
+    >>> with_ids = StaticIndex.build(rows, vocab_size=4, item_ids=[10, 11, 12])
+    >>> search = ConstrainedBeamSearch(with_ids, Uniform(), beam_size=3,
+    ...                                outputs="scores_and_item_ids")
+    >>> scores, ids = search(np.zeros((1, 1), "float32"))
+    >>> sorted(np.asarray(ids)[0].tolist())
+    [10, 11, 12]
     """
 
     def __init__(
         self,
-        index: StaticIndex | None = None,
+        index: TokenAutomaton | None = None,
         decoder: keras.layers.Layer | None = None,
         beam_size: int = 10,
         num_results: int | None = None,
         dense_top_k: int | None = None,
-        constraint: ConstrainedDecoding | None = None,
+        constraint: AutomatonConstraint | None = None,
         length: int | None = None,
         distinct_items: bool = True,
+        outputs: str = "dict",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -90,16 +111,26 @@ class ConstrainedBeamSearch(keras.layers.Layer):
                 f"Received: num_results={num_results!r}"
             )
         if constraint is None and index is not None:
-            if hasattr(index, "constraint_layer"):  # another index type, e.g. strings
-                constraint = index.constraint_layer(name="constraint")
-            else:
-                constraint = ConstrainedDecoding(index, name="constraint")
-        elif constraint is not None and index is not None:
-            constraint.set_index(index)
+            constraint = constraint_for(index, name="constraint")
+        elif constraint is not None:
+            if not isinstance(constraint, AutomatonConstraint):
+                raise ValueError(
+                    "`constraint` must be an AutomatonConstraint layer. "
+                    f"Received: {type(constraint).__name__}"
+                )
+            if index is not None:
+                constraint.set_index(index)
         if (constraint is None) == (length is None):
             raise ValueError(
                 "ConstrainedBeamSearch needs an `index` (constrained) or a "
                 "`length` (unconstrained), not both"
+            )
+        if outputs not in OUTPUTS:
+            raise ValueError(f"`outputs` must be one of {OUTPUTS}. Received: outputs={outputs!r}")
+        if outputs != "dict" and (constraint is None or not constraint.has_item_ids):
+            raise ValueError(
+                f"outputs={outputs!r} needs an index with item ids; this search has "
+                + ("no index" if constraint is None else "an index built without `item_ids`")
             )
         self.decoder = decoder
         self.constraint = constraint
@@ -108,6 +139,7 @@ class ConstrainedBeamSearch(keras.layers.Layer):
         self.dense_top_k = dense_top_k
         self.length = length
         self.distinct_items = bool(distinct_items)
+        self.outputs = outputs
 
     def build(self, input_shape=None):
         self.built = True
@@ -121,7 +153,7 @@ class ConstrainedBeamSearch(keras.layers.Layer):
             state = self.decoder.initial_state(repeated)
         else:
             state = repeated
-        return beam_search(
+        found = beam_search(
             self.constraint,
             self.decoder,
             batch_size,
@@ -132,6 +164,11 @@ class ConstrainedBeamSearch(keras.layers.Layer):
             length=self.length,
             distinct_items=self.distinct_items,
         )
+        if self.outputs == "scores_and_item_ids":
+            return found["scores"], found["item_ids"]
+        if self.outputs == "item_ids":
+            return found["item_ids"]
+        return found
 
     def get_config(self):
         config = super().get_config()
@@ -148,6 +185,7 @@ class ConstrainedBeamSearch(keras.layers.Layer):
                 "num_results": self.num_results,
                 "dense_top_k": self.dense_top_k,
                 "distinct_items": self.distinct_items,
+                "outputs": self.outputs,
             }
         )
         return config

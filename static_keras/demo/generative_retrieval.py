@@ -34,12 +34,18 @@ from static_keras.index.semantic_ids import fit_residual_kmeans
 from static_keras.index.static_index import StaticIndex
 from static_keras.layers.cached_transformer_decoder import CachedTransformerDecoder
 from static_keras.layers.cached_transformer_decoder import TeacherForcing
+from static_keras.metrics.recall_at_k import recall_per_row
 
 HISTORY = 8
 
 
 class DemoFailure(RuntimeError):
     """An invariant the demo promises did not hold."""
+
+
+def _recall(targets: np.ndarray, ranked: np.ndarray, k: int) -> np.ndarray:
+    """float64 `[B]`: each user's Recall@k (`static_keras.metrics`), here 0 or 1."""
+    return np.asarray(keras.ops.convert_to_numpy(recall_per_row(targets, ranked, k)[0]), "float64")
 
 
 def _settings(quick: bool) -> dict:
@@ -174,7 +180,7 @@ def run_demo(
             raise DemoFailure(f"{name}: item ids disagree with the index")
         valid = item_ids[returned] >= 0
         eligible = np.isin(item_ids[returned], list(eligible_ids))
-        hits = (item_ids.reshape(-1, 10) == ids[test_targets][:, None]).any(1)
+        hits = _recall(ids[test_targets], item_ids.reshape(-1, 10), k=10)
         fresh_target = np.isin(ids[test_targets], list(eligible_ids))
         rows.append(
             dict(name=name, valid=float(valid.mean()), eligible=float(eligible.mean()),
@@ -205,8 +211,8 @@ def run_demo(
     cold_start = dict(
         items=len(cold),
         users=len(cold_targets),
-        unconstrained_recall_at_1=float((free_top1 == ids[cold_targets]).mean()),
-        constrained_recall_at_1=float((pool["item_ids"][:, 0] == ids[cold_targets]).mean()),
+        unconstrained_recall_at_1=float(_recall(ids[cold_targets], free_top1[:, None], k=1).mean()),
+        constrained_recall_at_1=float(_recall(ids[cold_targets], pool["item_ids"], k=1).mean()),
     )
     print_fn(f"\ncold start ({len(cold):,} new items): Recall@1 unconstrained "
              f"{cold_start['unconstrained_recall_at_1']:.1%}, constrained to the pool "

@@ -32,13 +32,23 @@ _MIN_DENSE_FILL = 64
 DUPLICATE_ITEM_POLICIES = ("error", "first", "last")
 
 
-def validate_sequences(sequences, vocab_size) -> np.ndarray:
-    """Checks `sequences` and returns it as a C-contiguous narrow uint array."""
+def check_vocab_size(vocab_size) -> int:
+    """`vocab_size` as an int; ValueError unless it is a positive integer."""
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
         raise ValueError(f"`vocab_size` must be an integer. Received: vocab_size={vocab_size!r}")
     vocab_size = int(vocab_size)
     if vocab_size < 1:
         raise ValueError(f"`vocab_size` must be at least 1. Received: vocab_size={vocab_size}")
+    return vocab_size
+
+
+def validate_sequences(sequences, vocab_size, *, first_row: int = 0) -> np.ndarray:
+    """Checks `sequences` and returns it as a C-contiguous narrow uint array.
+
+    `first_row` is added to the row numbers in error messages (a block of
+    rows read from the middle of a file reports the file's row numbers).
+    """
+    vocab_size = check_vocab_size(vocab_size)
     try:
         array = np.asarray(sequences)
     except ValueError as error:  # NumPy refuses ragged nested lists.
@@ -65,19 +75,23 @@ def validate_sequences(sequences, vocab_size) -> np.ndarray:
     if low < 0:
         where = np.argwhere(array < 0)[0]
         raise ValueError(
-            f"`sequences` holds a negative token {int(low)} (row {where[0]}, "
+            f"`sequences` holds a negative token {int(low)} (row {first_row + where[0]}, "
             f"position {where[1]}); tokens must lie in [0, {vocab_size})"
         )
     if high >= vocab_size:
         where = np.argwhere(array >= vocab_size)[0]
         raise ValueError(
-            f"`sequences` holds token {int(high)} (row {where[0]}, position "
+            f"`sequences` holds token {int(high)} (row {first_row + where[0]}, position "
             f"{where[1]}), out of range for vocab_size={vocab_size}"
         )
     return np.ascontiguousarray(array, dtype=token_dtype(vocab_size))
 
 
-def validate_item_ids(item_ids, num_sequences: int) -> np.ndarray:
+def validate_item_ids(item_ids, num_sequences: int, *, first_row: int = 0) -> np.ndarray:
+    """Checks `item_ids` (one per sequence) and returns it as int64.
+
+    `first_row` is added to the row numbers in error messages.
+    """
     array = np.asarray(item_ids)
     if array.ndim != 1 or array.shape[0] != num_sequences:
         raise ValueError(
@@ -90,8 +104,10 @@ def validate_item_ids(item_ids, num_sequences: int) -> np.ndarray:
         raise ValueError("`item_ids` holds values that do not fit in int64")
     array = array.astype(np.int64, copy=False)
     if array.size and array.min() < 0:
+        row = int(np.argmax(array < 0))
         raise ValueError(
-            f"`item_ids` must be non-negative (-1 marks 'no item'). Received {int(array.min())}"
+            f"`item_ids` must be non-negative (-1 marks 'no item'). Received "
+            f"{int(array[row])} (row {first_row + row})"
         )
     return array
 
@@ -208,11 +224,7 @@ def build_arrays(
     `progress(stage, fraction)`, if given, is called as the build advances.
     """
     report = progress or (lambda stage, fraction: None)
-    if on_duplicate_item not in DUPLICATE_ITEM_POLICIES:
-        raise ValueError(
-            f"`on_duplicate_item` must be one of {DUPLICATE_ITEM_POLICIES}. "
-            f"Received: on_duplicate_item={on_duplicate_item!r}"
-        )
+    check_duplicate_policy(on_duplicate_item)
     seqs = validate_sequences(sequences, vocab_size)
     vocab_size = int(vocab_size)
     num_rows, length = seqs.shape
@@ -220,45 +232,12 @@ def build_arrays(
         item_ids = validate_item_ids(item_ids, num_rows)
 
     report("validated", 0.05)
-    order = _lexicographic_order(_pack_words(seqs, vocab_size))
-    report("sorted", 0.45)
-    sorted_cols = [seqs[order, t] for t in range(length)]
+    sorted_cols, lcp, leaf_item_ids = sort_unique(
+        seqs, vocab_size, item_ids, on_duplicate_item, progress=report
+    )
     del seqs
-    lcp = _common_prefix_lengths(sorted_cols)
-    report("prefixes", 0.6)
-
-    # Duplicate rows (lcp == length) collapse into one leaf.
-    unique = lcp < length
-    leaf_item_ids = None
-    if item_ids is not None:
-        leaf_item_ids = _leaf_item_ids(item_ids[order], unique, on_duplicate_item)
-    if not unique.all():
-        sorted_cols = [column[unique] for column in sorted_cols]
-        lcp = lcp[unique]
-    del order
-
-    # Nodes at depth t + 1 start at rows with lcp <= t; the root is 1 node.
-    level_sizes = [1] + [int(np.count_nonzero(lcp <= t)) for t in range(length)]
-    if dense_levels == "auto":
-        dense_levels = choose_dense_levels(vocab_size, level_sizes, dense_budget_bytes)
-    elif isinstance(dense_levels, bool) or not isinstance(dense_levels, (int, np.integer)):
-        raise ValueError(
-            f"`dense_levels` must be 'auto' or an integer. Received: dense_levels={dense_levels!r}"
-        )
-    else:
-        dense_levels = int(dense_levels)
-        if not 0 <= dense_levels <= length:
-            raise ValueError(
-                f"`dense_levels` must lie in [0, length={length}]. "
-                f"Received: dense_levels={dense_levels}"
-            )
-        if vocab_size**dense_levels > np.iinfo(np.int32).max:
-            raise ValueError(
-                f"`dense_levels={dense_levels}` needs a state map of "
-                f"vocab_size**{dense_levels} = {vocab_size**dense_levels} "
-                "entries, more than int32 can index"
-            )
-    d = dense_levels
+    level_sizes = count_levels(lcp, length)
+    d = resolve_dense_levels(dense_levels, vocab_size, level_sizes, dense_budget_bytes)
 
     # Pass 1: the widest fan-out of each level (B_t) fixes the layout.
     step_widths = []
@@ -282,7 +261,10 @@ def build_arrays(
     # Pass 2: child tokens of every tail state in state order, and CSR row
     # pointers (absolute tail edge numbers) for levels that branch.
     tokens = np.empty(layout.num_tail_edges, dtype=token_dtype(vocab_size))
-    indptr = np.empty(max(layout.num_indptr, 1), dtype=layout.indptr_dtype)
+    # Every branching level fills its rows; with none, one zero pads the array.
+    indptr = np.zeros(1, dtype=layout.indptr_dtype)
+    if layout.num_indptr:
+        indptr = np.empty(layout.num_indptr, dtype=layout.indptr_dtype)
     for t in range(d, length):
         edge0 = layout.edge_offsets[t]
         tokens[edge0 : edge0 + level_sizes[t + 1]] = sorted_cols[t][lcp <= t]
@@ -298,6 +280,71 @@ def build_arrays(
     if leaf_item_ids is not None:
         arrays["leaf_item_ids"] = leaf_item_ids
     return layout, arrays
+
+
+def check_duplicate_policy(on_duplicate_item: str) -> None:
+    """ValueError unless `on_duplicate_item` is one of the policies."""
+    if on_duplicate_item not in DUPLICATE_ITEM_POLICIES:
+        raise ValueError(
+            f"`on_duplicate_item` must be one of {DUPLICATE_ITEM_POLICIES}. "
+            f"Received: on_duplicate_item={on_duplicate_item!r}"
+        )
+
+
+def sort_unique(seqs: np.ndarray, vocab_size: int, item_ids, on_duplicate_item: str, progress=None):
+    """Sorts validated rows and drops duplicates: `(sorted_cols, lcp, leaf_item_ids)`.
+
+    `sorted_cols` holds one array per position of the sorted distinct rows,
+    `lcp[i]` the tokens row i shares with row i - 1 (`lcp[0] = -1`), and
+    `leaf_item_ids` one item id per distinct row (None without `item_ids`),
+    duplicates resolved by `on_duplicate_item` in input order.
+    """
+    report = progress or (lambda stage, fraction: None)
+    length = seqs.shape[1]
+    order = _lexicographic_order(_pack_words(seqs, vocab_size))
+    report("sorted", 0.45)
+    sorted_cols = [seqs[order, t] for t in range(length)]
+    lcp = _common_prefix_lengths(sorted_cols)
+    report("prefixes", 0.6)
+
+    # Duplicate rows (lcp == length) collapse into one leaf.
+    unique = lcp < length
+    leaf_item_ids = None
+    if item_ids is not None:
+        leaf_item_ids = _leaf_item_ids(item_ids[order], unique, on_duplicate_item)
+    if not unique.all():
+        sorted_cols = [column[unique] for column in sorted_cols]
+        lcp = lcp[unique]
+    return sorted_cols, lcp, leaf_item_ids
+
+
+def count_levels(lcp: np.ndarray, length: int) -> list[int]:
+    """Distinct prefixes of each length 0..L (nodes at depth t + 1 start where lcp <= t)."""
+    return [1] + [int(np.count_nonzero(lcp <= t)) for t in range(length)]
+
+
+def resolve_dense_levels(dense_levels, vocab_size: int, level_sizes, budget_bytes: int) -> int:
+    """The dense depth d: `"auto"` by `choose_dense_levels`, or a checked integer."""
+    length = len(level_sizes) - 1
+    if dense_levels == "auto":
+        return choose_dense_levels(vocab_size, list(level_sizes), budget_bytes)
+    if isinstance(dense_levels, bool) or not isinstance(dense_levels, (int, np.integer)):
+        raise ValueError(
+            f"`dense_levels` must be 'auto' or an integer. Received: dense_levels={dense_levels!r}"
+        )
+    dense_levels = int(dense_levels)
+    if not 0 <= dense_levels <= length:
+        raise ValueError(
+            f"`dense_levels` must lie in [0, length={length}]. "
+            f"Received: dense_levels={dense_levels}"
+        )
+    if vocab_size**dense_levels > np.iinfo(np.int32).max:
+        raise ValueError(
+            f"`dense_levels={dense_levels}` needs a state map of "
+            f"vocab_size**{dense_levels} = {vocab_size**dense_levels} "
+            "entries, more than int32 can index"
+        )
+    return dense_levels
 
 
 def _parent_starts(lcp: np.ndarray, t: int) -> np.ndarray:

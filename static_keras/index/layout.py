@@ -11,6 +11,11 @@ map turns the code into a *tail state*. Tail states are numbered level by
 level from depth d: depth-d states are `0 .. n_d - 1`, then depth d+1, and so
 on to the leaves (depth L). Tail edges (tokens) are numbered the same way, and
 the child reached by edge `k` is tail state `n_d + k`.
+
+Decoding states (what a beam carries) number both parts in one space, so a
+state alone says where it is: a prefix of length t < d is state
+`dense_mask_offsets[t] + code`, which is also its mask row; tail state s is
+state `dense_head_states + s`. The root is state 0 either way.
 """
 
 from __future__ import annotations
@@ -56,6 +61,9 @@ class IndexLayout:
     step_widths: tuple[int, ...]
     has_item_ids: bool
 
+    #: Fixed-length sequences: no end-of-sequence token.
+    eos_token_id = None
+
     @classmethod
     def create(cls, **fields) -> "IndexLayout":
         fields["level_sizes"] = tuple(int(x) for x in fields["level_sizes"])
@@ -83,6 +91,14 @@ class IndexLayout:
         if problems:
             raise ValueError("Inconsistent index layout: " + "; ".join(problems))
 
+    #: The array that maps member states to item ids.
+    member_ids_array = "leaf_item_ids"
+
+    @property
+    def first_member_state(self) -> int:
+        """Member (finished) states are `[first_member_state, state_space)`."""
+        return self.first_leaf_state
+
     def to_config(self) -> dict:
         return {
             "vocab_size": self.vocab_size,
@@ -104,9 +120,35 @@ class IndexLayout:
         return self.level_sizes[-1]
 
     @property
+    def num_members(self) -> int:
+        return self.level_sizes[-1]
+
+    @property
     def num_states(self) -> int:
         """Trie nodes, root and leaves included."""
         return sum(self.level_sizes)
+
+    @property
+    def dense_head_states(self) -> int:
+        """Decoding states of the dense head: every code of length t < d."""
+        return sum(self.vocab_size**t for t in range(self.dense_levels))
+
+    @property
+    def state_space(self) -> int:
+        """Decoding states: the dense head's codes, then the tail states."""
+        return self.dense_head_states + sum(self.level_sizes[self.dense_levels :])
+
+    @property
+    def depth_starts(self) -> tuple[int, ...]:
+        """`L + 1` ints: the first decoding state of each depth (increasing)."""
+        dense = [self.dense_mask_offsets[t] for t in range(self.dense_levels)]
+        tail = [self.dense_head_states + o for o in self.tail_state_offsets.values()]
+        return tuple(dense + tail)
+
+    @property
+    def first_leaf_state(self) -> int:
+        """Decoding state of the first leaf (depth L)."""
+        return self.dense_head_states + self.leaf_offset
 
     @property
     def mask_words(self) -> int:

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from static_keras.index import npz_archive
-from static_keras.index import serialization
+from static_keras.index.automaton import TokenAutomaton
 from static_keras.index.builder import DEFAULT_DENSE_BUDGET_BYTES
 from static_keras.index.builder import build_arrays
 from static_keras.index.layout import IndexLayout
 
 
-class StaticIndex:
+class StaticIndex(TokenAutomaton):
     """A valid set of token sequences, compiled for constrained decoding.
 
     STATIC (Sparse Transition Matrix-Accelerated Trie Index) stores the trie
@@ -26,7 +23,10 @@ class StaticIndex:
     Build one with `StaticIndex.build`, save it with `save`, load it with
     `StaticIndex.load`, and hand it to `ConstrainedDecoding`,
     `ConstrainedBeamSearch` or `beam_search`. The query methods (`contains`,
-    `allowed_tokens`, `lookup_item_ids`) answer on the host with NumPy.
+    `allowed_tokens`, `lookup_item_ids`) answer on the host with NumPy. It is
+    the semantic-ID kind of `TokenAutomaton`, the contract it shares with
+    `StringIndex`: `walk` gives a prefix's decoding state (the one a beam
+    carries), `edges` and `next_states` step states on the host.
 
     Example:
 
@@ -44,10 +44,8 @@ class StaticIndex:
         LLM-based Generative Retrieval on Accelerators" (arXiv:2602.22647).
     """
 
-    def __init__(self, layout: IndexLayout, arrays: dict[str, np.ndarray]):
-        npz_archive.check_arrays("StaticIndex", arrays, layout.array_shapes())
-        self._layout = layout
-        self._arrays = dict(arrays)
+    kind = "semantic_ids"
+    layout_class = IndexLayout
 
     @classmethod
     def build(
@@ -96,74 +94,12 @@ class StaticIndex:
         )
         return cls(layout, arrays)
 
-    # Persistence ------------------------------------------------------------
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Writes the index to one `.npz` file (atomically: write, rename)."""
-        serialization.save(path, self._layout, self._arrays)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "StaticIndex":
-        """Reads an index written by `save`; verifies format and checksum."""
-        layout, arrays = serialization.load(path)
-        return cls(layout, arrays)
-
     # Properties --------------------------------------------------------------
-
-    @property
-    def layout(self) -> IndexLayout:
-        return self._layout
-
-    @property
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The arrays that go to the device, by name (read-only views)."""
-        views = {}
-        for name, array in self._arrays.items():
-            view = array.view()
-            view.flags.writeable = False
-            views[name] = view
-        return views
-
-    @property
-    def vocab_size(self) -> int:
-        return self._layout.vocab_size
-
-    @property
-    def length(self) -> int:
-        return self._layout.length
 
     @property
     def num_sequences(self) -> int:
         """Distinct valid sequences."""
         return self._layout.num_sequences
-
-    @property
-    def num_states(self) -> int:
-        """Trie states, root and leaves included."""
-        return self._layout.num_states
-
-    @property
-    def dense_levels(self) -> int:
-        return self._layout.dense_levels
-
-    @property
-    def step_widths(self) -> tuple[int, ...]:
-        """B_t per step: the largest number of valid next tokens at step t."""
-        return self._layout.step_widths
-
-    @property
-    def has_item_ids(self) -> bool:
-        return self._layout.has_item_ids
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of all arrays that go to the device."""
-        return sum(array.nbytes for array in self._arrays.values())
-
-    @property
-    def checksum(self) -> str:
-        """SHA-256 of the layout and arrays, as stored by `save`."""
-        return serialization.checksum(self._layout, self._arrays)
 
     def __repr__(self) -> str:
         return (
@@ -190,11 +126,25 @@ class StaticIndex:
             )
         return array.astype(np.int64, copy=False)
 
+    def _full_length(self, sequences) -> np.ndarray:
+        seqs = self._check_prefixes(sequences, max_length=self.length, name="sequences")
+        if seqs.shape[1] != self.length:
+            raise ValueError(
+                f"`sequences` must have length {self.length}. Received shape {seqs.shape}"
+            )
+        return seqs
+
+    def walk(self, sequences) -> np.ndarray:
+        """int64 `[n]`: the decoding state after each prefix (all of one length
+        t <= L), -1 where the prefix leaves the valid set."""
+        prefixes = self._check_prefixes(sequences, max_length=self.length, name="sequences")
+        return self._walk(prefixes)
+
     def _walk(self, prefixes: np.ndarray) -> np.ndarray:
-        """State after each prefix: a code (t < d) or tail state; -1 if invalid."""
         layout, vocab = self._layout, self.vocab_size
         n, t_end = prefixes.shape
-        state = np.zeros(n, dtype=np.int64)
+        code = np.zeros(n, dtype=np.int64)  # the prefix as a base-V number (t < d)
+        state = np.zeros(n, dtype=np.int64)  # tail state (t >= d); -1: left the set
         masks = self._arrays["dense_masks"]
         tokens = self._arrays["tokens"]
         in_range = (prefixes >= 0) & (prefixes < vocab)
@@ -202,13 +152,14 @@ class StaticIndex:
             ok = (state >= 0) & in_range[:, t]
             token = np.where(ok, prefixes[:, t], 0)
             if t < layout.dense_levels:
-                row = layout.dense_mask_offsets[t] + np.where(ok, state, 0)
+                row = layout.dense_mask_offsets[t] + np.where(ok, code, 0)
                 word = masks[row, token >> 5].view(np.uint32) if n else masks[:0, 0]
                 ok &= ((word >> (token & 31).astype(np.uint32)) & 1).astype(bool)
-                state = np.where(ok, state * vocab + token, -1)
+                code = np.where(ok, code * vocab + token, 0)
+                state = np.where(ok, 0, -1)
                 if t + 1 == layout.dense_levels:
                     dense = self._arrays["dense_states"]
-                    state = np.where(ok, dense[np.where(ok, state, 0)], -1)
+                    state = np.where(ok, dense[code], -1)
             else:
                 # Rows that left the set look up the level's first state instead.
                 first = layout.tail_state_offsets[t]
@@ -216,7 +167,17 @@ class StaticIndex:
                 edge = _search_rows(tokens, start, end, token)
                 ok &= edge >= 0
                 state = np.where(ok, edge + layout.level_sizes[layout.dense_levels], -1)
-        return state
+        if t_end < layout.dense_levels:
+            offset = layout.dense_mask_offsets[t_end]
+            return np.where(state >= 0, offset + code, -1)
+        return np.where(state >= 0, layout.dense_head_states + state, -1)
+
+    def depth(self, states) -> np.ndarray:
+        """int64 `[n]`: tokens decoded to reach each state, -1 outside the index."""
+        states = self._states(states)
+        starts = np.asarray(self._layout.depth_starts, np.int64)
+        depth = np.searchsorted(starts, states, side="right") - 1
+        return np.where((states >= 0) & (states < self._layout.state_space), depth, -1)
 
     def _row_bounds(self, states: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
         """CSR row [start, end) of tail states at depth t."""
@@ -229,27 +190,57 @@ class StaticIndex:
         start = layout.edge_offsets[t] + local
         return start, start + 1
 
+    def edges(self, states) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All valid `(row, token, next_state)` of decoding `states`, sorted by
+        row then token; states outside the index (-1) allow nothing."""
+        states = self._states(states)
+        depth = self.depth(states)
+        parts = []
+        for t in range(self.length):
+            rows = np.flatnonzero(depth == t)
+            if rows.size:
+                row, token, target = self._expand(self._local(states[rows], t), t)
+                parts.append((rows[row], token, self._global(target, t + 1)))
+        if not parts:
+            empty = np.zeros(0, np.int64)
+            return empty, empty.astype(np.int32), empty
+        row, token, target = (np.concatenate(p) for p in zip(*parts))
+        order = np.lexsort((token, row))
+        return row[order], token[order], target[order]
+
+    def _local(self, states: np.ndarray, t: int) -> np.ndarray:
+        """Decoding states at depth t -> codes (t < d) or tail states."""
+        if t < self._layout.dense_levels:
+            return states - self._layout.dense_mask_offsets[t]
+        return states - self._layout.dense_head_states
+
+    def _global(self, local: np.ndarray, t: int) -> np.ndarray:
+        """Codes (t < d) or tail states at depth t -> decoding states."""
+        if t < self._layout.dense_levels:
+            return local + self._layout.dense_mask_offsets[t]
+        return local + self._layout.dense_head_states
+
     def contains(self, sequences) -> np.ndarray:
         """bool `[n]`: whether each full-length sequence is in the valid set."""
-        seqs = self._check_prefixes(sequences, max_length=self.length, name="sequences")
-        if seqs.shape[1] != self.length:
-            raise ValueError(
-                f"`sequences` must have length {self.length}. Received shape {seqs.shape}"
-            )
-        return self._walk(seqs) >= 0
+        return self._walk(self._full_length(sequences)) >= 0
 
     def allowed_tokens(self, prefixes) -> np.ndarray:
         """bool `[n, vocab_size]`: valid next tokens after each prefix.
 
         Args:
             prefixes: int array-like `[n, t]` with `0 <= t < length` (one
-                length per call). A prefix outside the valid set allows
-                nothing.
+                length per call; an empty 1-D list is one empty prefix), or
+                int `[n]` decoding states (as `walk` returns). A prefix
+                outside the valid set allows nothing.
         """
-        prefixes = self._check_prefixes(prefixes, max_length=self.length - 1, name="prefixes")
+        array = np.asarray(prefixes)
+        if array.ndim == 1 and array.size:
+            return super().allowed_tokens(array)
+        prefixes = self._check_prefixes(array, max_length=self.length - 1, name="prefixes")
         state = self._walk(prefixes)
+        code_or_tail = self._local(state, prefixes.shape[1])
         valid = np.flatnonzero(state >= 0)
-        row, token, _ = self._expand(state[valid], prefixes.shape[1])
+        row, token, _ = self._expand(code_or_tail[valid], prefixes.shape[1])
         out = np.zeros((prefixes.shape[0], self.vocab_size), dtype=bool)
         out[valid[row], token] = True
         return out
@@ -258,15 +249,7 @@ class StaticIndex:
         """int64 `[n]`: the item id of each sequence, -1 where not in the set."""
         if not self.has_item_ids:
             raise ValueError("This index was built without `item_ids`")
-        seqs = self._check_prefixes(sequences, max_length=self.length, name="sequences")
-        if seqs.shape[1] != self.length:
-            raise ValueError(
-                f"`sequences` must have length {self.length}. Received shape {seqs.shape}"
-            )
-        state = self._walk(seqs)
-        found = state >= 0
-        leaf = np.where(found, state - self._layout.leaf_offset, 0)
-        return np.where(found, self._arrays["leaf_item_ids"][leaf], -1)
+        return self.item_ids(self._walk(self._full_length(sequences)))
 
     def sequences(self) -> np.ndarray:
         """All distinct valid sequences, sorted, as int32 `[num_sequences, L]`."""
@@ -278,7 +261,8 @@ class StaticIndex:
         return prefix
 
     def _expand(self, state: np.ndarray, t: int):
-        """All edges out of valid states at depth t: (row, token, next state)."""
+        """All edges out of codes (t < d) or tail states at depth t:
+        `(row, token, next code or tail state)`."""
         layout, vocab = self._layout, self.vocab_size
         if t < layout.dense_levels:
             packed = self._arrays["dense_masks"][layout.dense_mask_offsets[t] + state]

@@ -1,7 +1,18 @@
-"""Keras 3 layers: the per-step constraint and a reference step decoder."""
+"""Keras 3 layers: the per-step constraint (one base, two kinds) and a
+reference step decoder."""
 
+from static_keras.layers.automaton_constraint import AutomatonConstraint
+from static_keras.layers.automaton_constraint import constraint_for
 from static_keras.layers.cached_transformer_decoder import CachedTransformerDecoder
 from static_keras.layers.cached_transformer_decoder import TeacherForcing
 from static_keras.layers.constrained_decoding import ConstrainedDecoding
+from static_keras.layers.decoding_constraint import DecodingConstraint
 
-__all__ = ["CachedTransformerDecoder", "ConstrainedDecoding", "TeacherForcing"]
+__all__ = [
+    "AutomatonConstraint",
+    "CachedTransformerDecoder",
+    "ConstrainedDecoding",
+    "DecodingConstraint",
+    "TeacherForcing",
+    "constraint_for",
+]

@@ -4,10 +4,11 @@
 strings against a `TokenVocabulary` (a list of token bytes, a Hugging Face
 `tokenizer.json`, a GGUF file or a `.tiktoken` file); `beam_search`,
 `ConstrainedBeamSearch` and SavedModel export take the index like a
-`StaticIndex`, through its `StringConstrainedDecoding` layer
-(`index.constraint_layer()`); `StringLogitsProcessor` serves any other decode
+`StaticIndex` (both are `TokenAutomaton`s), through its
+`StringConstrainedDecoding` layer (`static_keras.constraint_for(index)`);
+`StringLogitsProcessor` serves any other decode
 loop. The host-side modules (vocabulary, tries, builder, layout,
-serialization, index, logits processor) import no deep-learning backend:
+index, logits processor) import no deep-learning backend:
 NumPy, plus the compiler's loops (`kernels`, a Cython extension built at
 install). The names load on first use, so `from static_keras.strings import
 StringIndex` imports neither Keras nor TensorFlow; the layer module imports

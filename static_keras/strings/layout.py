@@ -54,6 +54,8 @@ class StringIndexLayout:
 
     #: Member (accept) states map to item ids: the caller's string positions.
     has_item_ids = True
+    #: No bit-packed dense head: every step reads the CSR rows.
+    dense_levels = 0
 
     @classmethod
     def create(cls, **fields) -> "StringIndexLayout":
@@ -95,6 +97,14 @@ class StringIndexLayout:
         if problems:
             raise ValueError("Inconsistent string index layout: " + "; ".join(problems))
 
+    #: The array that maps member states to item ids.
+    member_ids_array = "member_item_ids"
+
+    @property
+    def first_member_state(self) -> int:
+        """Member (finished) states are `[first_member_state, state_space)`."""
+        return self.accept_offset
+
     def to_config(self) -> dict:
         return {
             "vocab_size": self.vocab_size,
@@ -110,6 +120,11 @@ class StringIndexLayout:
     @classmethod
     def from_config(cls, config: dict) -> "StringIndexLayout":
         return cls.create(**config)
+
+    @property
+    def state_space(self) -> int:
+        """Decoding states (every state of the automaton)."""
+        return self.num_states
 
     @property
     def accept_offset(self) -> int:

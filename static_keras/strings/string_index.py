@@ -7,16 +7,15 @@ from typing import Sequence
 
 import numpy as np
 
-from static_keras.index import npz_archive
+from static_keras.index.automaton import TokenAutomaton
 from static_keras.strings import kernels
-from static_keras.strings import serialization
 from static_keras.strings.builder import BuildStats
 from static_keras.strings.builder import build_string_arrays
 from static_keras.strings.layout import StringIndexLayout
 from static_keras.strings.vocabulary import TokenVocabulary
 
 
-class StringIndex:
+class StringIndex(TokenAutomaton):
     """The token sequences that spell one of K strings, compiled for decoding.
 
     An LLM that must answer with exactly one of K strings (a tool name, a
@@ -38,9 +37,11 @@ class StringIndex:
     gather as STATIC's sparse tail serves each decoding step. Item ids are
     positions in the caller's list (the first one for duplicates).
 
-    Use it with `beam_search`, `ConstrainedBeamSearch` (through
-    `constraint_layer()`, a `StringConstrainedDecoding` layer), the
-    stateless `StringLogitsProcessor`, or the host-side queries below.
+    A `TokenAutomaton`, like `StaticIndex`: use it with `beam_search`,
+    `ConstrainedBeamSearch`, a `StringConstrainedDecoding` layer
+    (`static_keras.layers.constraint_for(index)` makes the layer of either
+    kind), the stateless `StringLogitsProcessor`, or the host-side queries
+    below (`walk`, `edges`, `allowed_tokens` of states or prefixes).
 
     Example:
 
@@ -62,6 +63,9 @@ class StringIndex:
         Finite Sets" (arXiv:2608.12574).
     """
 
+    kind = "strings"
+    layout_class = StringIndexLayout
+
     def __init__(
         self,
         layout: StringIndexLayout,
@@ -70,18 +74,23 @@ class StringIndex:
         vocab_checksum: str | None = None,
         stats: BuildStats | None = None,
     ):
-        offsets = arrays.get("string_offsets")
-        data = arrays.get("string_data")
-        if offsets is None or data is None:
-            raise ValueError("A StringIndex needs `string_offsets` and `string_data` arrays")
-        expected = serialization.expected_shapes(layout, offsets.size - 1, data.size)
-        npz_archive.check_arrays("StringIndex", arrays, expected)
-        self._layout = layout
-        self._arrays = dict(arrays)
+        super().__init__(layout, arrays)
         self.vocab_checksum = vocab_checksum
         self.stats = stats
         self._edge_keys = None
         self._bitmask_writer = None
+
+    @classmethod
+    def expected_shapes(cls, layout: StringIndexLayout, arrays: dict[str, np.ndarray]) -> dict:
+        """Device arrays of the layout plus the member strings (host only)."""
+        offsets = arrays.get("string_offsets")
+        data = arrays.get("string_data")
+        if offsets is None or data is None or offsets.ndim != 1 or offsets.size < 2:
+            raise ValueError("A StringIndex needs `string_offsets` and `string_data` arrays")
+        shapes = dict(layout.array_shapes())
+        shapes["string_data"] = ((data.size,), np.dtype(np.uint8))
+        shapes["string_offsets"] = ((offsets.size,), np.dtype(np.int64))
+        return shapes
 
     @classmethod
     def from_strings(
@@ -142,20 +151,13 @@ class StringIndex:
 
     # Persistence ------------------------------------------------------------
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Writes the index to one `.npz` file (atomically: write, rename)."""
-        serialization.save(path, self._layout, self._arrays, vocab_checksum=self.vocab_checksum)
+    def archive_extra(self) -> dict:
+        return {} if self.vocab_checksum is None else {"vocab_checksum": self.vocab_checksum}
 
     @classmethod
-    def load(cls, path: str | os.PathLike, *, vocabulary=None) -> "StringIndex":
-        """Reads an index written by `save`; verifies format and checksum.
-
-        Args:
-            path: the file.
-            vocabulary: optional `TokenVocabulary`; when given, it must be the
-                one the index was compiled against (same checksum).
-        """
-        layout, arrays, document = serialization.load(path)
+    def from_archive(cls, path, layout, arrays, document, *, vocabulary=None) -> "StringIndex":
+        """`load(path, vocabulary=None)`: when a `TokenVocabulary` is given, it
+        must be the one the index was compiled against (same checksum)."""
         stored = document.get("vocab_checksum")
         if vocabulary is not None and stored is not None and vocabulary.checksum != stored:
             raise ValueError(
@@ -167,65 +169,9 @@ class StringIndex:
     # Properties --------------------------------------------------------------
 
     @property
-    def layout(self) -> StringIndexLayout:
-        return self._layout
-
-    @property
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The arrays that go to the device, by name (read-only views)."""
-        views = {}
-        for name in self._layout.array_shapes():
-            view = self._arrays[name].view()
-            view.flags.writeable = False
-            views[name] = view
-        return views
-
-    @property
-    def vocab_size(self) -> int:
-        return self._layout.vocab_size
-
-    @property
-    def length(self) -> int:
-        """The most decoding steps, EOS included."""
-        return self._layout.length
-
-    @property
-    def eos_token_id(self) -> int:
-        return self._layout.eos_token_id
-
-    @property
-    def num_states(self) -> int:
-        return self._layout.num_states
-
-    @property
-    def num_members(self) -> int:
-        """Distinct member strings."""
-        return self._layout.num_members
-
-    @property
     def num_strings(self) -> int:
         """Strings given, duplicates included (item ids lie in [0, num_strings))."""
         return int(self._arrays["string_offsets"].size - 1)
-
-    @property
-    def step_widths(self) -> tuple[int, ...]:
-        """B_t per step: the most allowed tokens of a state reachable at step t."""
-        return self._layout.step_widths
-
-    @property
-    def has_item_ids(self) -> bool:
-        return True
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the arrays that go to the device."""
-        return sum(self._arrays[name].nbytes for name in self._layout.array_shapes())
-
-    @property
-    def checksum(self) -> str:
-        """SHA-256 of the layout and device arrays (what a layer holds)."""
-        device = {name: self._arrays[name] for name in self._layout.array_shapes()}
-        return serialization.checksum(self._layout, device)
 
     def string_bytes(self, item_id: int) -> bytes:
         """The bytes of string `item_id` (its position in the caller's list)."""
@@ -241,12 +187,6 @@ class StringIndex:
         offsets = self._arrays["string_offsets"].tolist()
         return [data[a:b].decode("utf-8", errors="replace") for a, b in zip(offsets, offsets[1:])]
 
-    def constraint_layer(self, name: str | None = None):
-        """A `StringConstrainedDecoding` Keras layer holding this index."""
-        from static_keras.strings.string_constrained_decoding import StringConstrainedDecoding
-
-        return StringConstrainedDecoding(self, name=name)
-
     def __repr__(self) -> str:
         return (
             f"StringIndex(num_members={self.num_members}, vocab_size={self.vocab_size}, "
@@ -256,12 +196,6 @@ class StringIndex:
         )
 
     # Host-side queries (NumPy, vectorised, stateless) -------------------------
-
-    def _states(self, states) -> np.ndarray:
-        array = np.asarray(states)
-        if array.size and (array.dtype == bool or not np.issubdtype(array.dtype, np.integer)):
-            raise ValueError(f"`states` must hold integers. Received dtype {array.dtype}")
-        return array.astype(np.int64, copy=False).reshape(-1)
 
     def edges(self, states) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All allowed (row, token, next state) of `states`; invalid states allow none."""
@@ -276,14 +210,6 @@ class StringIndex:
         edge = np.arange(row.size) + np.repeat(start - first, counts)
         tokens = self._arrays["tokens"][edge].astype(np.int32)
         return row, tokens, self._arrays["next_states"][edge].astype(np.int32)
-
-    def allowed_tokens(self, states) -> np.ndarray:
-        """bool `[n, V]`: the allowed next tokens of each state (-1: none)."""
-        states = self._states(states)
-        row, tokens, _ = self.edges(states)
-        out = np.zeros((states.size, self.vocab_size), bool)
-        out[row, tokens] = True
-        return out
 
     def fill_bitmask(self, states, out: np.ndarray | None = None) -> np.ndarray:
         """int32 `[n, ceil(V / 32)]`: allowed tokens as bits (token t: word
@@ -319,13 +245,11 @@ class StringIndex:
         return out
 
     def next_states(self, states, tokens) -> np.ndarray:
-        """int32 `[n]`: the state after each token, -1 where it is not allowed."""
-        states = self._states(states)
-        tokens = np.asarray(tokens).astype(np.int64, copy=False).reshape(-1)
-        if states.shape != tokens.shape:
-            raise ValueError(
-                f"`states` and `tokens` must have the same shape: {states.shape} vs {tokens.shape}"
-            )
+        """int32 `[n]`: the state after each token, -1 where it is not allowed.
+
+        One search in the (cached) sorted edge keys: the logits processor's
+        per-step path."""
+        states, tokens = self._states_and_tokens(states, tokens)
         keys = self._keys()
         ok = (states >= 0) & (states < self.num_states) & (tokens >= 0)
         ok &= tokens < self.vocab_size
@@ -351,23 +275,6 @@ class StringIndex:
             moved = self.next_states(state, np.maximum(token, 0))
             state = np.where(token < 0, state, moved)
         return state
-
-    def is_finished(self, states) -> np.ndarray:
-        """bool: whether each state is an accept state (EOS was emitted)."""
-        states = self._states(states)
-        return (states >= self._layout.accept_offset) & (states < self.num_states)
-
-    def item_ids(self, states) -> np.ndarray:
-        """int32: the item id of each accept state, -1 for every other state."""
-        states = self._states(states)
-        finished = self.is_finished(states)
-        local = np.where(finished, states - self._layout.accept_offset, 0)
-        return np.where(finished, self._arrays["member_item_ids"][local], -1)
-
-    def lookup_item_ids(self, sequences) -> np.ndarray:
-        """int32 `[n]`: the item id spelled by each EOS-terminated token
-        sequence (padding skipped), -1 for sequences outside the set."""
-        return self.item_ids(self.walk(sequences))
 
 
 def _pad(sequences) -> np.ndarray:

@@ -1,0 +1,445 @@
+"""`AutomatonConstraint`: one decoding step over any compiled token automaton.
+
+The Keras side of the `TokenAutomaton` contract. The base owns everything
+the two kinds share: index tensors as non-trainable weights created in
+`build()` from the layout integers of the config, `set_index`,
+`get_config`, the candidates and mask modes, `advance`, `is_finished`,
+`item_ids` and the export metadata. A kind supplies its kernels:
+
+- `_rows(states, step)`: the CSR row (start, count) of each state;
+- `_edge_targets(edges)`: the state an edge leads to (implicit in a tree,
+  a gather of `next_states` in a general automaton);
+- for a bit-packed dense head (semantic IDs), `_dense_allowed`,
+  `_dense_next` and `_in_dense_head`.
+
+Steps. A Python int `step` is the fast path: every step has its own static
+width `B_t` (what the unrolled beam search uses). A scalar int tensor or
+None (any decode loop: `ops.while_loop`, `tf.function`, `jax.jit`, a
+keras-hub sampler whose rows are at different steps) uses one width for
+every step, the widest, and reads where each row is from its state; the
+results are the same.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from static_keras.constants import INVALID_STATE
+from static_keras.constants import MASKED_LOGIT
+from static_keras.constants import PAD_TOKEN
+from static_keras.index import archive
+from static_keras.index.automaton import TokenAutomaton
+from static_keras.layers.decoding_constraint import DecodingConstraint
+
+#: automaton kind -> "module:Class" of its constraint layer.
+LAYER_CLASSES = {
+    "semantic_ids": "static_keras.layers.constrained_decoding:ConstrainedDecoding",
+    "strings": "static_keras.strings.string_constrained_decoding:StringConstrainedDecoding",
+}
+
+
+def constraint_for(index, name: str | None = None) -> "AutomatonConstraint":
+    """The constraint layer of `index` (a `TokenAutomaton`); a layer is returned as is.
+
+    Example:
+
+    >>> from static_keras import StaticIndex
+    >>> layer = constraint_for(StaticIndex.build([[0, 1]], vocab_size=2))
+    >>> type(layer).__name__
+    'ConstrainedDecoding'
+    """
+    if isinstance(index, AutomatonConstraint):
+        return index
+    if not isinstance(index, TokenAutomaton):
+        raise ValueError(
+            "`index` must be a TokenAutomaton (StaticIndex, StringIndex) or an "
+            f"AutomatonConstraint layer. Received: {type(index).__name__}"
+        )
+    module, cls = LAYER_CLASSES[index.kind].split(":")
+    return getattr(importlib.import_module(module), cls)(index, name=name)
+
+
+class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
+    """Restricts one decoding step to the valid continuations of an automaton.
+
+    Each row (batch x beam) carries an int32 state, 0 at the start. At a
+    step the layer reads the allowed tokens of each row with a branch-free,
+    fixed-width gather and returns either
+
+    - candidates (`mode="candidates"`): `scores, tokens, next_states`, each
+      `[R, K_t]`;
+    - masked logits (`mode="mask"`): `[R, V]`, disallowed tokens set to the
+      finite `MASKED_LOGIT`; move the states on with `advance`.
+
+    Padding candidates (fewer than `K_t` allowed tokens, or a row whose
+    state is `INVALID_STATE`) have token -1, score `-inf` and state -1.
+
+    Subclasses: `ConstrainedDecoding` (semantic IDs) and
+    `StringConstrainedDecoding` (string sets); `constraint_for(index)` picks
+    the one of an index. See the module docstring for what a kind supplies.
+    """
+
+    #: The host class whose arrays this layer holds, and its layout class.
+    index_class: type = TokenAutomaton
+    layout_class: type = type(None)
+
+    def __init__(self, index=None, *, layout_fields: dict, **kwargs):
+        super().__init__(**kwargs)
+        name = type(self).__name__
+        if index is not None:
+            if not isinstance(index, self.index_class):
+                raise ValueError(
+                    f"`index` must be a {self.index_class.__name__}. "
+                    f"Received: {type(index).__name__}"
+                )
+            layout = index.layout
+            expected = layout.to_config()
+            for field, value in layout_fields.items():
+                if value is None:
+                    continue
+                value = list(value) if isinstance(value, (list, tuple)) else value
+                if value != expected[field]:
+                    raise ValueError(
+                        f"The index does not match this layer: `{field}` is "
+                        f"{expected[field]} in the index and {value} in the layer"
+                    )
+        else:
+            missing = [field for field, value in layout_fields.items() if value is None]
+            if missing:
+                raise ValueError(
+                    f"{name} needs an `index`, or every layout argument to load one "
+                    f"into. Missing: {missing}"
+                )
+            layout = self.layout_class.create(**layout_fields)
+        if layout.state_space > np.iinfo(np.int32).max:
+            raise ValueError(
+                f"The index has {layout.state_space} decoding states; int32 states hold "
+                f"at most {np.iinfo(np.int32).max}"
+            )
+        self.layout = layout
+        self._pending_index = index
+        self.build()
+
+    def build(self, input_shape=None):
+        if self.built:
+            return
+        self.index_weights = {}
+        for name, (shape, dtype) in self.layout.array_shapes().items():
+            self.index_weights[name] = self.add_weight(
+                name=name,
+                shape=shape,
+                dtype=_device_dtype(dtype),
+                initializer="zeros",
+                trainable=False,
+            )
+        if self._pending_index is not None:
+            self.set_index(self._pending_index)
+            self._pending_index = None
+        self.built = True
+
+    def set_index(self, index: TokenAutomaton) -> None:
+        """Loads the arrays of `index`, which must have this layer's layout."""
+        if not isinstance(index, self.index_class):
+            raise ValueError(
+                f"`index` must be a {self.index_class.__name__}. Received: {type(index).__name__}"
+            )
+        if index.layout != self.layout:
+            raise ValueError(
+                "The index does not match this layer: index layout "
+                f"{index.layout.to_config()} vs layer layout {self.layout.to_config()}"
+            )
+        for name, array in index.arrays.items():
+            weight = self.index_weights[name]
+            values = array.astype(weight.dtype, copy=False)
+            if values.dtype != array.dtype and not np.array_equal(values, array):
+                raise ValueError(
+                    f"Index array {name!r} holds values beyond {weight.dtype}; "
+                    "on JAX enable 64-bit with jax_enable_x64"
+                )
+            weight.assign(values)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(self.layout.to_config())
+        return config
+
+    def index_arrays(self) -> dict[str, np.ndarray]:
+        """The device arrays this layer holds, as NumPy arrays of the layout's dtypes."""
+        shapes = self.layout.array_shapes()
+        return {
+            name: np.asarray(ops.convert_to_numpy(weight)).astype(shapes[name][1], copy=False)
+            for name, weight in self.index_weights.items()
+        }
+
+    def index_metadata(self) -> dict:
+        """Format, kind, layout, counts and checksum of the index (for export)."""
+        return archive.metadata(self.index_class.kind, self.layout, self.index_arrays())
+
+    # Properties ------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return self.layout.vocab_size
+
+    @property
+    def length(self) -> int:
+        return self.layout.length
+
+    @property
+    def step_widths(self) -> tuple[int, ...]:
+        return self.layout.step_widths
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.layout.eos_token_id
+
+    @property
+    def has_item_ids(self) -> bool:
+        return self.layout.has_item_ids
+
+    def num_candidates(self, step=None, top_k: int | None = None) -> int:
+        """K_t: candidates per row returned at `step` (the widest for a tensor
+        step or None)."""
+        t = self._static_step(step)
+        if t is None:
+            return max(self.num_candidates(u, top_k) for u in range(self.layout.length))
+        width = self.layout.step_widths[t]
+        if top_k is not None and self._caps(t):
+            return max(1, min(int(top_k), width))
+        return width
+
+    # Decoding ----------------------------------------------------------------
+
+    def call(self, logits, states, step=None, mode: str = "candidates", top_k=None):
+        if mode == "candidates":
+            return self.candidates(logits, states, step, top_k=top_k)
+        if mode == "mask":
+            return self.mask_logits(logits, states, step)
+        raise ValueError(f"`mode` must be 'candidates' or 'mask'. Received: mode={mode!r}")
+
+    def candidates(self, logits, states, step=None, top_k: int | None = None):
+        """`(scores, tokens, next_states)`, each `[R, K_t]`; see the class doc."""
+        t = self._static_step(step)
+        logits = ops.cast(logits, "float32")
+        states = ops.cast(states, "int32")
+        k = self.num_candidates(t, top_k)
+        if t is not None and self._is_dense(t):
+            found = self._dense_candidates(logits, states, t, k, k)
+        else:
+            found = self._sparse_candidates(logits, states, t, k)
+            if t is None and self.layout.dense_levels:
+                # Dense rows keep at most `top_k` of the (wider) k slots.
+                cap = k if top_k is None else max(1, min(int(top_k), k))
+                dense = self._dense_candidates(logits, states, None, k, cap)
+                here = ops.expand_dims(self._in_dense_head(states), 1)
+                found = [ops.where(here, d, s) for d, s in zip(dense, found)]
+        scores, tokens, next_states, ok = found
+        ok = ops.logical_and(ok, ops.greater(next_states, INVALID_STATE))
+        ok = ops.logical_and(ok, ops.greater(scores, -np.inf))
+        scores = ops.where(ok, scores, -np.inf)
+        tokens = ops.where(ok, tokens, PAD_TOKEN)
+        next_states = ops.where(ok, next_states, INVALID_STATE)
+        return scores, tokens, next_states
+
+    def allowed_mask(self, states, step=None):
+        """bool `[R, V]`: the allowed next tokens of each row."""
+        t = self._static_step(step)
+        states = ops.cast(states, "int32")
+        if t is not None and self._is_dense(t):
+            return self._dense_allowed(states, t)
+        edges, ok = self._sparse_slots(states, t)
+        tokens = ops.cast(ops.take(self.index_weights["tokens"], edges), "int32")
+        # Scatter the valid slots into [R, V + 1]; padding slots land in the
+        # spare last column, which is dropped.
+        vocab = self.layout.vocab_size
+        columns = ops.where(ok, tokens, vocab)
+        rows = ops.broadcast_to(
+            ops.expand_dims(ops.arange(ops.shape(columns)[0], dtype="int32"), 1),
+            ops.shape(columns),
+        )
+        indices = ops.reshape(ops.stack([rows, columns], axis=-1), (-1, 2))
+        counts = ops.scatter(
+            indices,
+            ops.ones((ops.shape(indices)[0],), dtype="int32"),
+            (ops.shape(columns)[0], vocab + 1),
+        )
+        allowed = ops.greater(counts[:, :vocab], 0)
+        if t is None and self.layout.dense_levels:
+            here = ops.expand_dims(self._in_dense_head(states), 1)
+            allowed = ops.where(here, self._dense_allowed(states, None), allowed)
+        return allowed
+
+    def mask_logits(self, logits, states, step=None):
+        """float32 `[R, V]`: `logits` with disallowed tokens set to `MASKED_LOGIT`."""
+        allowed = self.allowed_mask(states, step)
+        return ops.where(allowed, ops.cast(logits, "float32"), MASKED_LOGIT)
+
+    def advance(self, states, tokens, step=None):
+        """int32 `[R]`: the state after appending `tokens [R]`.
+
+        A token that is not allowed gives `INVALID_STATE`. The sparse part is
+        a branch-free binary search in each row's sorted tokens.
+        """
+        t = self._static_step(step)
+        states = ops.cast(states, "int32")
+        tokens = ops.cast(tokens, "int32")
+        if t is not None and self._is_dense(t):
+            return self._dense_advance(states, tokens, t)
+        start, count = self._rows(states, t)
+        table = self.index_weights["tokens"]
+        low, high = start, start + count
+        width = self._sparse_width(t)
+        for _ in range(max(1, math.ceil(math.log2(width + 1)))):
+            active = ops.less(low, high)
+            middle = (low + high) // 2
+            value = ops.cast(ops.take(table, ops.where(active, middle, 0)), "int32")
+            right = ops.logical_and(active, ops.less(value, tokens))
+            low = ops.where(right, middle + 1, low)
+            high = ops.where(ops.logical_and(active, ops.logical_not(right)), middle, high)
+        at = ops.clip(low, 0, self.layout.array_shapes()["tokens"][0][0] - 1)
+        hit = ops.equal(ops.cast(ops.take(table, at), "int32"), tokens)
+        found = ops.logical_and(ops.less(low, start + count), hit)
+        next_states = ops.where(found, self._edge_targets(at), INVALID_STATE)
+        if t is None and self.layout.dense_levels:
+            here = self._in_dense_head(states)
+            next_states = ops.where(here, self._dense_advance(states, tokens, None), next_states)
+        return next_states
+
+    def is_finished(self, states):
+        """bool: whether each state completes a member (a leaf of a semantic-ID
+        trie, an accept state of a string set)."""
+        states = ops.cast(states, "int32")
+        return ops.logical_and(
+            ops.greater_equal(states, self.layout.first_member_state),
+            ops.less(states, self.layout.state_space),
+        )
+
+    def item_ids(self, states):
+        """int `[...]`: item ids of finished states, -1 for the others."""
+        if not self.layout.has_item_ids:
+            raise ValueError("The index of this layer was built without `item_ids`")
+        finished = self.is_finished(states)
+        member = ops.where(finished, ops.cast(states, "int32") - self.layout.first_member_state, 0)
+        ids = ops.take(self.index_weights[self.layout.member_ids_array], member)
+        return ops.where(finished, ids, ops.cast(-1, ids.dtype))
+
+    # The kernels a kind supplies --------------------------------------------
+
+    def _rows(self, states, step):
+        """`(start, count)` int32 `[R]`: each state's CSR row (count 0 for states
+        outside the sparse part). `step`: an int, or None for any step."""
+        raise NotImplementedError
+
+    def _edge_targets(self, edges):
+        """int32, same shape as `edges`: the state each edge leads to."""
+        raise NotImplementedError
+
+    def _caps(self, step: int) -> bool:
+        """Whether `top_k` caps the candidates of `step`."""
+        return True
+
+    def _is_dense(self, step: int) -> bool:
+        return step < self.layout.dense_levels
+
+    def _in_dense_head(self, states):
+        raise NotImplementedError
+
+    def _dense_allowed(self, states, step):
+        raise NotImplementedError
+
+    def _dense_next(self, states, tokens, step):
+        raise NotImplementedError
+
+    # Shared kernels ----------------------------------------------------------
+
+    def _sparse_width(self, step) -> int:
+        if step is not None:
+            return self.layout.step_widths[step]
+        sparse = self.layout.step_widths[self.layout.dense_levels :]
+        return max(sparse) if sparse else 1
+
+    def _sparse_slots(self, states, step):
+        """VNTK: the `B_t` edge slots from each row's CSR start, `[R, B_t]`:
+        clamped (always in range) edge numbers and whether each is real."""
+        start, count = self._rows(states, step)
+        slot = ops.arange(self._sparse_width(step), dtype="int32")
+        ok = ops.less(slot, ops.expand_dims(count, 1))
+        edges = ops.where(ok, ops.expand_dims(start, 1) + slot, 0)
+        return edges, ok
+
+    def _sparse_candidates(self, logits, states, step, k: int):
+        edges, ok = self._sparse_slots(states, step)
+        tokens = ops.cast(ops.take(self.index_weights["tokens"], edges), "int32")
+        scores = ops.where(ok, ops.take_along_axis(logits, tokens, axis=1), -np.inf)
+        next_states = self._edge_targets(edges)
+        width = ops.shape(edges)[1]
+        if k < width and (step is None or self._caps(step)):
+            scores, pick = ops.top_k(scores, k, sorted=True)
+            tokens = ops.take_along_axis(tokens, pick, axis=1)
+            next_states = ops.take_along_axis(next_states, pick, axis=1)
+            ok = ops.greater(scores, -np.inf)
+        elif k > width:  # any-step candidates: as wide as the widest dense step
+            pad = [[0, 0], [0, k - width]]
+            scores = ops.pad(scores, pad, constant_values=-np.inf)
+            tokens = ops.pad(tokens, pad, constant_values=PAD_TOKEN)
+            next_states = ops.pad(next_states, pad, constant_values=INVALID_STATE)
+            ok = ops.pad(ok, pad, constant_values=False)
+        return scores, tokens, next_states, ok
+
+    def _dense_candidates(self, logits, states, step, k: int, cap: int):
+        allowed = self._dense_allowed(states, step)
+        masked = ops.where(allowed, logits, -np.inf)
+        scores, tokens = ops.top_k(masked, k, sorted=True)
+        ok = ops.take_along_axis(allowed, tokens, axis=1)
+        if cap < k:
+            ok = ops.logical_and(ok, ops.less(ops.arange(k), cap)[None, :])
+        tokens = ops.cast(tokens, "int32")
+        next_states = self._dense_next(ops.expand_dims(states, 1), tokens, step)
+        return scores, tokens, next_states, ok
+
+    def _dense_advance(self, states, tokens, step):
+        allowed = self._dense_allowed(states, step)
+        safe = ops.clip(tokens, 0, self.layout.vocab_size - 1)
+        ok = ops.logical_and(
+            ops.equal(safe, tokens),
+            ops.squeeze(ops.take_along_axis(allowed, safe[:, None], axis=1), 1),
+        )
+        return ops.where(ok, self._dense_next(states, safe, step), INVALID_STATE)
+
+    def _static_step(self, step) -> int | None:
+        """A Python int step (range-checked), or None for a tensor step or None."""
+        if step is None:
+            return None
+        if isinstance(step, bool):
+            raise ValueError(
+                f"`step` must be an int, a scalar int tensor or None. Received: {step}"
+            )
+        if isinstance(step, (int, np.integer)):
+            if not 0 <= step < self.layout.length:
+                raise ValueError(
+                    f"`step` must lie in [0, {self.layout.length}). Received: step={step}"
+                )
+            return int(step)
+        shape = tuple(ops.shape(step))
+        dtype = keras.backend.standardize_dtype(getattr(step, "dtype", "float32"))
+        if shape != () or "int" not in dtype:
+            raise ValueError(
+                "`step` must be an int, a scalar int tensor or None. "
+                f"Received: shape {shape}, dtype {dtype}"
+            )
+        return None
+
+
+def _device_dtype(dtype: np.dtype) -> str:
+    """int64 arrays stay int64 unless the backend cannot hold them (JAX x32)."""
+    if dtype == np.int64 and keras.config.backend() == "jax":
+        import jax
+
+        if not jax.config.jax_enable_x64:
+            return "int32"
+    return np.dtype(dtype).name

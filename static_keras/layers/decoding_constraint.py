@@ -1,0 +1,36 @@
+"""`DecodingConstraint`: what a decode loop asks of a constraint.
+
+`beam_search` and `ConstrainedBeamSearch` take any subclass: the automaton
+layers (`AutomatonConstraint`: semantic IDs and string sets) and the
+baselines the benchmarks measure them against (a CPU trie, PPV, a hash
+bitmap). No Keras import: a baseline may be a plain object.
+"""
+
+from __future__ import annotations
+
+
+class DecodingConstraint:
+    """Base of every constraint a decode loop can run (see the module doc).
+
+    Subclasses provide `length` (an int attribute or property: decoding
+    steps) and `candidates`; the defaults below describe a fixed-length set
+    without item ids.
+    """
+
+    length: int
+
+    #: Token that ends a member (variable-length sets), or None.
+    eos_token_id: int | None = None
+    #: Whether `item_ids(states)` maps final states to catalogue ids.
+    has_item_ids: bool = False
+
+    def candidates(self, log_probs, states, step: int, top_k: int | None = None):
+        """`(scores, tokens, next_states)`, each `[R, K_t]`, for one step.
+
+        Padding candidates have token -1, score `-inf`, state -1.
+        """
+        raise NotImplementedError
+
+    def item_ids(self, states):
+        """Catalogue ids of final states, -1 for the others."""
+        raise ValueError(f"{type(self).__name__} has no item ids")
