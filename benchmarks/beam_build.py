@@ -17,7 +17,6 @@ Prints a table and writes benchmarks/results/beam_build.csv.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import platform
@@ -26,6 +25,10 @@ import subprocess
 import sys
 import tempfile
 import time
+
+if __package__ in (None, ""):  # run as a script: python benchmarks/beam_build.py
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.decoding.common import write_csv  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -215,12 +218,7 @@ def main(argv=None) -> None:
             for name in os.listdir(data):
                 os.unlink(os.path.join(data, name))
             os.rmdir(data)
-    fields = list(dict.fromkeys(k for row in rows for k in row))
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(args.out, rows)
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}"
     )

@@ -15,11 +15,11 @@ states at each step; candidates with 30 per row at dense steps. Median of
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.decoding.common import RESULTS_DIR
+from benchmarks.decoding.common import write_csv
 
 
 def _median_us(fn, repeats: int) -> float:
@@ -39,7 +39,7 @@ def main(argv=None) -> None:
     parser.add_argument("--n", type=float, default=1e5)
     parser.add_argument("--rows", type=int, default=140)
     parser.add_argument("--repeats", type=int, default=200)
-    parser.add_argument("--out-dir", default=os.path.join(REPO, "benchmarks", "results"))
+    parser.add_argument("--out-dir", default=RESULTS_DIR)
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -64,12 +64,8 @@ def main(argv=None) -> None:
         b = _median_us(lambda: [x.numpy() for x in anywhere(states, step)], args.repeats)
         rows.append({"step": t, "int_us": round(a, 1), "tensor_us": round(b, 1)})
         print(f"{t:4d} {a:15.0f} {b:18.0f} {b / a:7.2f}")
-    os.makedirs(args.out_dir, exist_ok=True)
     path = os.path.join(args.out_dir, "step_forms.csv")
-    with open(path, "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(path, rows)
     print(f"wrote {path}")
 
 

@@ -88,13 +88,11 @@ def metadata(kind: str, layout, device_arrays: dict[str, np.ndarray], **extra) -
 def save(path, automaton) -> None:
     """Writes `automaton` (any registered kind) to one file, atomically."""
     arrays = automaton.archive_arrays()
-    document = metadata(
-        automaton.kind,
-        automaton.layout,
-        dict(automaton.arrays),
-        checksum=checksum(automaton.layout, arrays),
-        **automaton.archive_extra(),
-    )
+    device = dict(automaton.arrays)
+    extra = automaton.archive_extra()
+    if set(arrays) != set(device):  # host-only arrays too (a string set's members)
+        extra["checksum"] = checksum(automaton.layout, arrays)
+    document = metadata(automaton.kind, automaton.layout, device, **extra)
     npz_archive.write(path, arrays, document, temp_prefix=f".tmp-{automaton.kind}-")
 
 

@@ -301,7 +301,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
             right = ops.logical_and(active, ops.less(value, tokens))
             low = ops.where(right, middle + 1, low)
             high = ops.where(ops.logical_and(active, ops.logical_not(right)), middle, high)
-        at = ops.clip(low, 0, self.layout.array_shapes()["tokens"][0][0] - 1)
+        at = ops.clip(low, 0, table.shape[0] - 1)
         hit = ops.equal(ops.cast(ops.take(table, at), "int32"), tokens)
         found = ops.logical_and(ops.less(low, start + count), hit)
         next_states = ops.where(found, self._edge_targets(at), INVALID_STATE)

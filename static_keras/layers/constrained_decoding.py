@@ -114,11 +114,10 @@ class ConstrainedDecoding(AutomatonConstraint):
         # Per-depth constants of the any-step kernels (tensor step or None).
         depths = range(layout.length + 1)
         self._depth_tables = {
-            "level_start": [layout.tail_state_offsets.get(t, 0) for t in depths],
+            "depth_start": list(layout.depth_starts),
             "has_indptr": [t in layout.indptr_offsets for t in depths],
             "indptr_offset": [layout.indptr_offsets.get(t, 0) for t in depths],
             "edge_offset": [layout.edge_offsets.get(t, 0) for t in depths],
-            "dense_offset": list(layout.dense_mask_offsets) + [layout.dense_head_states],
         }
 
     @property
@@ -137,12 +136,12 @@ class ConstrainedDecoding(AutomatonConstraint):
             ops.greater_equal(states, 0), ops.less(states, self.layout.dense_head_states)
         )
 
-    def _dense_depth(self, states):
-        """Depth (< d) of dense-head states (0 for the others)."""
-        offsets = self.layout.dense_mask_offsets
+    def _depth(self, states):
+        """Tokens decoded to reach each (non-negative) state: one comparison per
+        depth against `layout.depth_starts`, as `StaticIndex.depth` does."""
         depth = ops.zeros_like(states)
-        for t in range(1, self.layout.dense_levels):
-            depth = depth + ops.cast(ops.greater_equal(states, offsets[t]), "int32")
+        for start in self.layout.depth_starts[1:]:
+            depth = depth + ops.cast(ops.greater_equal(states, start), "int32")
         return depth
 
     def _dense_allowed(self, states, step):
@@ -180,8 +179,8 @@ class ConstrainedDecoding(AutomatonConstraint):
             return ops.where(head, tail, INVALID_STATE)
         head = self._in_dense_head(states)
         states = ops.where(head, states, 0)
-        depth = self._dense_depth(states)
-        offsets = ops.convert_to_tensor(self._depth_tables["dense_offset"], "int32")
+        depth = self._depth(states)
+        offsets = ops.convert_to_tensor(self._depth_tables["depth_start"], "int32")
         codes = (states - ops.take(offsets, depth)) * vocab + tokens
         at_last = ops.logical_and(ops.equal(depth, last), head)
         tail = ops.take(table, ops.where(at_last, codes, 0)) + layout.dense_head_states
@@ -191,10 +190,10 @@ class ConstrainedDecoding(AutomatonConstraint):
     def _rows(self, states, step):
         """CSR row of each tail state: `(start, count)`, count 0 elsewhere."""
         layout = self.layout
-        tail = states - layout.dense_head_states
         if step is not None:
             valid = ops.greater(states, INVALID_STATE)
-            local = ops.where(valid, tail - layout.tail_state_offsets[step], 0)
+            first = layout.dense_head_states + layout.tail_state_offsets[step]
+            local = ops.where(valid, states - first, 0)
             if step in layout.indptr_offsets:
                 rows = layout.indptr_offsets[step] + local
                 indptr = self.index_weights["indptr"]
@@ -209,18 +208,15 @@ class ConstrainedDecoding(AutomatonConstraint):
             ops.greater_equal(states, layout.dense_head_states),
             ops.less(states, layout.first_leaf_state),
         )
-        tail = ops.where(inner, tail, 0)
-        depth = ops.full_like(states, layout.dense_levels)
-        for t in range(layout.dense_levels + 1, layout.length):
-            offset = layout.tail_state_offsets[t]
-            depth = depth + ops.cast(ops.greater_equal(tail, offset), "int32")
+        states = ops.where(inner, states, layout.dense_head_states)
+        depth = self._depth(states)
         table = {k: ops.convert_to_tensor(v, "int32") for k, v in self._depth_tables.items()}
-        local = tail - ops.take(table["level_start"], depth)
+        local = states - ops.take(table["depth_start"], depth)
         start = ops.take(table["edge_offset"], depth) + local
         count = ops.ones_like(start)
         if layout.indptr_offsets:
             indptr = self.index_weights["indptr"]
-            last = layout.array_shapes()["indptr"][0][0] - 2
+            last = indptr.shape[0] - 2
             rows = ops.clip(ops.take(table["indptr_offset"], depth) + local, 0, last)
             row_start = ops.cast(ops.take(indptr, rows), "int32")
             row_count = ops.cast(ops.take(indptr, rows + 1), "int32") - row_start
