@@ -78,6 +78,16 @@ class TokenAutomaton:
         then token; states outside the automaton allow nothing."""
         raise NotImplementedError
 
+    def member_ranges(self, states) -> tuple[np.ndarray, np.ndarray]:
+        """`(lo, hi)` int64 `[n]`: the members reachable from each state are
+        members `lo .. hi - 1` (member m is state `first_member_state + m`);
+        `lo == hi` for states outside the automaton or with no member below.
+
+        What eligibility sets count over (`static_keras.index.eligibility`):
+        "is anything eligible below this state" is then a rank difference.
+        """
+        raise NotImplementedError
+
     def is_finished(self, states) -> np.ndarray:
         """bool `[n]`: whether each state completes a member."""
         states = self._states(states)

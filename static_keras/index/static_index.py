@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from static_keras.index import member_ranges
 from static_keras.index.automaton import TokenAutomaton
 from static_keras.index.builder import DEFAULT_DENSE_BUDGET_BYTES
 from static_keras.index.builder import build_arrays
@@ -207,6 +208,34 @@ class StaticIndex(TokenAutomaton):
         row, token, target = (np.concatenate(p) for p in zip(*parts))
         order = np.lexsort((token, row))
         return row[order], token[order], target[order]
+
+    def member_ranges(self, states) -> tuple[np.ndarray, np.ndarray]:
+        """`(lo, hi)` int64 `[n]`: the leaves below each decoding state are
+        members `lo .. hi - 1` (sorted leaves: always one range); `lo == hi`
+        for -1, states past the index and dense codes no member starts with.
+
+        Derived from the CSR arrays (first child down to the leaves; `hi(s)`
+        is `lo(s + 1)` at the same depth) plus a small table for the dense
+        head, built on first use: no array per state
+        (`static_keras.index.member_ranges`).
+
+        >>> index = StaticIndex.build([[1, 2], [1, 3], [0, 2]], vocab_size=4)
+        >>> [r.tolist() for r in index.member_ranges(index.walk([[1], [0], [2]]))]
+        [[1, 0, 0], [3, 1, 0]]
+        """
+        tables = getattr(self, "_dense_first_members", None)
+        if tables is None:
+            tables = member_ranges.dense_first_members(self._layout, self._arrays)
+            self._dense_first_members = tables
+        return member_ranges.tree_member_ranges(
+            self._layout, self._arrays, self._states(states), tables
+        )
+
+    @property
+    def member_range_nbytes(self) -> int:
+        """Host bytes `member_ranges` adds to the index (its dense-head table)."""
+        self.member_ranges(np.zeros(0, np.int64))
+        return sum(table.nbytes for table in self._dense_first_members)
 
     def _local(self, states: np.ndarray, t: int) -> np.ndarray:
         """Decoding states at depth t -> codes (t < d) or tail states."""

@@ -7,6 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
+from static_keras.index import member_ranges
 from static_keras.index.automaton import TokenAutomaton
 from static_keras.strings import kernels
 from static_keras.strings.builder import BuildStats
@@ -264,6 +265,37 @@ class StringIndex(TokenAutomaton):
             source = np.repeat(np.arange(self.num_states, dtype=np.int64), counts)
             self._edge_keys = source * self.vocab_size + self._arrays["tokens"]
         return self._edge_keys
+
+    def member_ranges(self, states) -> tuple[np.ndarray, np.ndarray]:
+        """`(lo, hi)` int64 `[n]`: the members reachable from each state lie in
+        `lo .. hi - 1` (members are numbered in sorted order of the distinct
+        strings, the preorder of their byte trie); `lo == hi` for invalid states.
+
+        The range is exactly the reachable members wherever
+        `member_ranges_exact` is True (always, when the vocabulary has a
+        token for every byte the members use); otherwise it is the smallest
+        range that covers them. Per-state arrays, computed on first use
+        (`static_keras.index.member_ranges.automaton_member_bounds`).
+        """
+        lo, hi, _ = self._member_bounds()
+        states = self._states(states)
+        inside = (states >= 0) & (states < self.num_states)
+        safe = np.where(inside, states, 0)
+        return np.where(inside, lo[safe], 0), np.where(inside, hi[safe], 0)
+
+    @property
+    def member_ranges_exact(self) -> bool:
+        """Whether `member_ranges` is exact for every state (see there)."""
+        return bool(self._member_bounds()[2].all())
+
+    def _member_bounds(self):
+        bounds = getattr(self, "_member_bound_arrays", None)
+        if bounds is None:
+            bounds = member_ranges.automaton_member_bounds(
+                self._arrays["indptr"], self._arrays["next_states"], self._layout.accept_offset
+            )
+            self._member_bound_arrays = bounds
+        return bounds
 
     def walk(self, sequences) -> np.ndarray:
         """int32 `[n]`: the state after each token sequence (-1 if it leaves the

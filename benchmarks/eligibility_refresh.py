@@ -1,0 +1,159 @@
+"""Eligibility refresh benchmark: replacing one set vs rebuilding the index.
+
+Random semantic IDs as in the STATIC paper (L=8, V=2048, d=2), item ids a
+random permutation of 0..N-1. Per N, in a fresh subprocess (its peak RSS is
+its own), it measures:
+
+- the index build (`StaticIndex.build`), for comparison;
+- the item id -> member map (`MemberCatalogue.from_index`, host only, once
+  per index) and its bytes;
+- `EligibilitySets.replace` of one set (of 3) from a random 50% subset of
+  the item ids: median of 5 (the subsets are drawn before the clock starts);
+- bits per member per set (words plus rank directory);
+- the bytes `member_ranges` adds to the index (its dense-head table) against
+  the index `nbytes`, and the host time of `member_ranges` and `count` for
+  65,536 random tail states (candidate next states).
+
+    python benchmarks/eligibility_refresh.py --sizes 1e5 1e6 1e7 2e7
+
+Prints a table and writes benchmarks/results/eligibility_refresh.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+QUERIES = 65_536
+REPEATS = 5
+
+
+def _measure(n: int, vocab_size: int, length: int, dense_levels: int, seed: int) -> dict:
+    import numpy as np
+
+    from static_keras import StaticIndex
+    from static_keras.index.eligibility import EligibilitySets
+    from static_keras.index.eligibility import MemberCatalogue
+
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab_size, size=(n, length), dtype=np.uint16)
+    item_ids = rng.permutation(n)
+    start = time.perf_counter()
+    index = StaticIndex.build(
+        ids, vocab_size, item_ids=item_ids, dense_levels=dense_levels, on_duplicate_item="first"
+    )
+    build_s = time.perf_counter() - start
+    del ids
+
+    start = time.perf_counter()
+    catalogue = MemberCatalogue.from_index(index)
+    catalogue_s = time.perf_counter() - start
+    half = n // 2
+    subsets = [item_ids[rng.permutation(n)[:half]] for _ in range(REPEATS + 1)]
+    start = time.perf_counter()
+    sets = EligibilitySets.build(
+        catalogue, {"region_a": subsets[0], "region_b": subsets[0], "in_stock": subsets[0]}
+    )
+    sets_build_s = time.perf_counter() - start
+    times = []
+    for subset in subsets[1:]:
+        start = time.perf_counter()
+        refreshed = sets.replace("in_stock", subset)
+        times.append(time.perf_counter() - start)
+    assert refreshed.sizes()["in_stock"] == half  # a permutation: every id is a member
+    replace_s = statistics.median(times)
+
+    layout = index.layout
+    states = rng.integers(layout.dense_head_states, layout.state_space, QUERIES)
+    start = time.perf_counter()
+    lo, hi = index.member_ranges(states)
+    ranges_s = time.perf_counter() - start  # includes the one-time dense table
+    start = time.perf_counter()
+    lo, hi = index.member_ranges(states)
+    ranges_warm_s = time.perf_counter() - start
+    start = time.perf_counter()
+    refreshed.count(np.zeros(QUERIES, np.int64), lo, hi)
+    count_s = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {
+        "n": n,
+        "num_members": index.num_members,
+        "dense_levels": index.dense_levels,
+        "build_s": round(build_s, 3),
+        "catalogue_s": round(catalogue_s, 3),
+        "catalogue_mb": round(catalogue.nbytes / 1e6, 2),
+        "sets_build_3_s": round(sets_build_s, 3),
+        "replace_s": round(replace_s, 4),
+        "replace_max_s": round(max(times), 4),
+        "build_over_replace": round(build_s / replace_s, 1),
+        "bits_per_member_per_set": round(refreshed.bits_per_member, 4),
+        "sets_mb": round(refreshed.nbytes / 1e6, 3),
+        "index_mb": round(index.nbytes / 1e6, 2),
+        "member_range_bytes": index.member_range_nbytes,
+        "member_range_share": f"{index.member_range_nbytes / index.nbytes:.2e}",
+        "member_ranges_64k_s": round(ranges_warm_s, 4),
+        "member_ranges_first_s": round(ranges_s, 4),
+        "count_64k_s": round(count_s, 4),
+        "peak_rss_gb": round(peak / 1e9, 3),
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", type=float, default=[1e5, 1e6, 1e7, 2e7])
+    parser.add_argument("--vocab-size", type=int, default=2048)
+    parser.add_argument("--length", type=int, default=8)
+    parser.add_argument("--dense-levels", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=os.path.join(RESULTS, "eligibility_refresh.csv"))
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.child is not None:
+        row = _measure(args.child, args.vocab_size, args.length, args.dense_levels, args.seed)
+        print(json.dumps(row))
+        return
+
+    rows = []
+    for size in args.sizes:
+        command = [
+            sys.executable, __file__, "--child", str(int(size)),
+            "--vocab-size", str(args.vocab_size), "--length", str(args.length),
+            "--dense-levels", str(args.dense_levels), "--seed", str(args.seed),
+        ]  # fmt: skip
+        output = subprocess.run(command, check=True, capture_output=True, text=True)
+        rows.append(json.loads(output.stdout.strip().splitlines()[-1]))
+        print(_format(rows[-1]), flush=True)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}"
+    )
+    print(f"wrote {args.out}")
+
+
+def _format(row: dict) -> str:
+    return (
+        f"N={row['n']:>10,}  build {row['build_s']:6.2f} s  replace {row['replace_s']:.3f} s "
+        f"(x{row['build_over_replace']:.0f} faster)  {row['bits_per_member_per_set']:.3f} "
+        f"bits/member/set  member-range table {row['member_range_bytes']:,} B "
+        f"({row['member_range_share']} of {row['index_mb']:.0f} MB)  catalogue "
+        f"{row['catalogue_mb']:.0f} MB host  ranges(64k) {row['member_ranges_64k_s']:.3f} s  "
+        f"count(64k) {row['count_64k_s']:.4f} s  peak {row['peak_rss_gb']:.2f} GB"
+    )
+
+
+if __name__ == "__main__":
+    main()

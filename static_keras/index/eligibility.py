@@ -1,0 +1,311 @@
+"""`EligibilitySets`: named member bit vectors with a rank directory.
+
+Business rules ("in stock", "allowed in FR", "cold-start pool") change by the
+minute while the index (the trie) changes by the day. So eligibility lives
+beside the index, over its member numbers, and a decoding step asks of each
+candidate next state "is any eligible, non-excluded member below it?". The
+members below a state are one range `[lo, hi)` (`TokenAutomaton.member_ranges`),
+which makes the question a rank difference over a bit vector, the same
+fixed-width, branch-free gather for every row:
+
+    rank(i) = directory[i >> 5] + popcount(words[i >> 5] & ((1 << (i & 31)) - 1))
+    count(lo, hi) = rank(hi) - rank(lo)
+
+A set is `W = num_members // 32 + 1` uint32 words (bit `m & 31` of word
+`m >> 5` is member m) plus one uint32 per word, the eligible members before
+it: 2 bits per member, and the last word always has room for position
+`num_members`, so `rank(num_members)` needs no clamp on the device. Per-request
+exclusions (items the user has already seen) are a few member numbers per
+row (`MemberCatalogue.exclusion_members`); the exact rule is
+
+    enterable = count(set, lo, hi)
+                - #{distinct excluded m in [lo, hi) : m eligible in set} > 0
+
+Refreshing one set from a new list of item ids is one vectorised pass (map
+ids to members, scatter, pack, popcount, cumulative sum), far cheaper than
+rebuilding the index; `replace` returns a new, read-only object, so a reader
+never sees a half-updated set. The device side is
+`static_keras.layers.eligibility_kernels` (it takes `device_arrays()`).
+
+NumPy only (no Keras, no TensorFlow).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import numpy as np
+
+from static_keras.index import npz_archive
+from static_keras.index.member_catalogue import MemberCatalogue
+
+__all__ = ["EligibilitySets", "MemberCatalogue", "words_per_set"]
+
+FORMAT_NAME = "static-keras-eligibility"
+FORMAT_VERSION = 1
+
+
+def words_per_set(num_members: int) -> int:
+    """uint32 words of one set: one bit per member plus room for position
+    `num_members` (so `rank(num_members)` reads a real word)."""
+    return num_members // 32 + 1
+
+
+def _pack(members: np.ndarray, num_members: int) -> tuple[np.ndarray, np.ndarray]:
+    """One set's `(words uint32 [W], directory uint32 [W])` from member numbers
+    (-1: no member; it lands in a spare last slot that is not packed)."""
+    size = words_per_set(num_members) * 32
+    bits = np.zeros(size + 1, bool)
+    bits[members] = True
+    words = np.packbits(bits[:size], bitorder="little").view("<u4").astype(np.uint32, copy=False)
+    return words, _directory(words)
+
+
+def _directory(words: np.ndarray) -> np.ndarray:
+    """uint32, same shape: eligible members before each word (along the last axis)."""
+    directory = np.zeros(words.shape, np.uint32)
+    counts = np.bitwise_count(words[..., :-1])
+    np.cumsum(counts, axis=-1, dtype=np.uint32, out=directory[..., 1:])
+    return directory
+
+
+class EligibilitySets:
+    """S named eligibility sets over the members of one index (read-only).
+
+    Each set is a bit vector over member numbers plus a rank directory (see
+    the module docstring): 2 bits per member per set. Build one with
+    `EligibilitySets.build(index, {name: item_ids})`; `replace` refreshes one
+    set from a new id list and returns a new object (this one never
+    changes, so a decoding thread holding it is never torn); the host
+    queries (`rank`, `count`, `eligible_in_range`, `enterable`) are the
+    oracle of the device kernels in `static_keras.layers.eligibility_kernels`,
+    which read `device_arrays()`.
+
+    Example:
+
+    >>> from static_keras.index import StaticIndex
+    >>> index = StaticIndex.build(
+    ...     [[0, 1], [0, 2], [1, 0]], vocab_size=3, item_ids=[10, 11, 12])
+    >>> sets = EligibilitySets.build(index, {"in_stock": [11, 12, 99]})
+    >>> lo, hi = index.member_ranges(index.walk([[0], [1]]))
+    >>> sets.count(sets.set_id("in_stock"), lo, hi).tolist()
+    [1, 1]
+    >>> sets.replace("in_stock", [10]).count(0, lo, hi).tolist()
+    [1, 0]
+    """
+
+    def __init__(self, names, words, directory, catalogue: MemberCatalogue):
+        names = tuple(names)
+        if not names:
+            raise ValueError("EligibilitySets needs at least one set")
+        for name in names:
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"Set names must be non-empty strings. Received: {name!r}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"Set names must be distinct. Received: {list(names)}")
+        shape = (len(names), words_per_set(catalogue.num_members))
+        for label, array in (("words", words), ("directory", directory)):
+            if array.shape != shape or array.dtype != np.uint32:
+                raise ValueError(
+                    f"`{label}` must be uint32 {shape}. Received {array.dtype} {array.shape}"
+                )
+        self._names = names
+        self._words = words
+        self._directory = directory
+        for array in (self._words, self._directory):
+            array.flags.writeable = False
+        self.catalogue = catalogue
+
+    @classmethod
+    def build(cls, index_or_catalogue, sets: Mapping[str, object]) -> "EligibilitySets":
+        """Sets from `{name: eligible item ids}` (duplicates and ids outside
+        the catalogue are fine), over a `TokenAutomaton` or `MemberCatalogue`."""
+        catalogue = _catalogue(index_or_catalogue)
+        if not isinstance(sets, Mapping) or not sets:
+            raise ValueError("`sets` must be a non-empty mapping {name: item ids}")
+        members = [catalogue._members_or_absent(ids) for ids in sets.values()]
+        packed = [_pack(m, catalogue.num_members) for m in members]
+        words = np.stack([w for w, _ in packed])
+        directory = np.stack([d for _, d in packed])
+        return cls(list(sets), words, directory, catalogue)
+
+    # Properties --------------------------------------------------------------
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self._names
+
+    @property
+    def num_sets(self) -> int:
+        return len(self._names)
+
+    @property
+    def num_members(self) -> int:
+        return self.catalogue.num_members
+
+    @property
+    def words(self) -> np.ndarray:
+        """uint32 `[S, W]` (read-only): bit `m & 31` of word `m >> 5` is member m."""
+        return self._words
+
+    @property
+    def directory(self) -> np.ndarray:
+        """uint32 `[S, W]` (read-only): eligible members before each word."""
+        return self._directory
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the sets (words plus directory): what goes to the device."""
+        return self._words.nbytes + self._directory.nbytes
+
+    @property
+    def bits_per_member(self) -> float:
+        """Bits per member per set (2, plus one word of room per set)."""
+        return 8 * self.nbytes / (self.num_sets * max(self.num_members, 1))
+
+    def set_id(self, name: str) -> int:
+        """The row of set `name` (what a request passes to the device)."""
+        try:
+            return self._names.index(name)
+        except ValueError:
+            raise ValueError(f"No eligibility set {name!r}; sets: {list(self._names)}") from None
+
+    def sizes(self) -> dict[str, int]:
+        """Eligible members per set."""
+        totals = self._directory[:, -1] + np.bitwise_count(self._words[:, -1])
+        return dict(zip(self._names, totals.astype(np.int64).tolist()))
+
+    def device_arrays(self) -> dict[str, np.ndarray]:
+        """int32 `[S, W]` words (the same bits) and directory, for keras.ops."""
+        return {
+            "eligibility_words": self._words.view(np.int32),
+            "eligibility_directory": self._directory.view(np.int32),
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"EligibilitySets(names={list(self._names)}, num_members={self.num_members}, "
+            f"nbytes={self.nbytes})"
+        )
+
+    # Refresh -----------------------------------------------------------------
+
+    def replace(self, name: str, item_ids) -> "EligibilitySets":
+        """A new object with set `name` rebuilt from `item_ids`; this one is
+        unchanged. One vectorised pass over the ids and the set's words."""
+        row = self.set_id(name)
+        words, directory = _pack(self.catalogue._members_or_absent(item_ids), self.num_members)
+        new_words = self._words.copy()
+        new_directory = self._directory.copy()
+        new_words[row] = words
+        new_directory[row] = directory
+        return type(self)(self._names, new_words, new_directory, self.catalogue)
+
+    # Queries (host side, vectorised; the oracle of the device kernels) -------
+
+    def _positions(self, values, name: str, *, upper: int) -> np.ndarray:
+        array = np.asarray(values)
+        if array.size and (array.dtype == bool or not np.issubdtype(array.dtype, np.integer)):
+            raise ValueError(f"`{name}` must hold integers. Received dtype {array.dtype}")
+        array = array.astype(np.int64, copy=False)
+        if array.size and (array.min() < 0 or array.max() > upper):
+            raise ValueError(f"`{name}` must lie in [0, {upper}]")
+        return array
+
+    def rank(self, set_ids, positions) -> np.ndarray:
+        """int64: eligible members before each position (`[0, num_members]`);
+        `set_ids` broadcasts against `positions`."""
+        sets = self._positions(set_ids, "set_ids", upper=self.num_sets - 1)
+        positions = self._positions(positions, "positions", upper=self.num_members)
+        word = positions >> 5
+        below = (np.uint64(1) << (positions & 31).astype(np.uint64)) - np.uint64(1)
+        bits = self._words[sets, word].astype(np.uint64) & below
+        return self._directory[sets, word].astype(np.int64) + np.bitwise_count(bits)
+
+    def count(self, set_ids, lo, hi) -> np.ndarray:
+        """int64: eligible members in `[lo, hi)` (`lo <= hi`), broadcast."""
+        return self.rank(set_ids, hi) - self.rank(set_ids, lo)
+
+    def contains(self, set_ids, members) -> np.ndarray:
+        """bool: whether each member is eligible (`num_members`, the padding, is not)."""
+        sets = self._positions(set_ids, "set_ids", upper=self.num_sets - 1)
+        members = self._positions(members, "members", upper=self.num_members)
+        return ((self._words[sets, members >> 5] >> (members & 31).astype(np.uint32)) & 1) == 1
+
+    def eligible_in_range(self, set_ids, lo, hi, excluded_members=None) -> np.ndarray:
+        """int64 `[R, ...]`: eligible, non-excluded members in `[lo, hi)`.
+
+        Args:
+            set_ids: int `[R]`, the set of each row.
+            lo, hi: int `[R, ...]` member ranges (`member_ranges` of the
+                candidate states).
+            excluded_members: optional int `[R, E]`, sorted distinct member
+                numbers per row padded with `num_members`
+                (`MemberCatalogue.exclusion_members`).
+        """
+        sets = np.asarray(set_ids)
+        lo, hi = np.asarray(lo), np.asarray(hi)
+        rows = sets.reshape((-1,) + (1,) * (lo.ndim - 1))
+        total = self.count(rows, lo, hi)
+        if excluded_members is None:
+            return total
+        excluded = np.asarray(excluded_members)
+        eligible = self.contains(sets[:, None], excluded)  # [R, E]
+        shape = (excluded.shape[0],) + (1,) * (lo.ndim - 1) + (excluded.shape[1],)
+        excluded, eligible = excluded.reshape(shape), eligible.reshape(shape)
+        inside = (excluded >= lo[..., None]) & (excluded < hi[..., None]) & eligible
+        return total - inside.sum(axis=-1)
+
+    def enterable(self, set_ids, lo, hi, excluded_members=None) -> np.ndarray:
+        """bool: whether an eligible, non-excluded member lies in `[lo, hi)`."""
+        return self.eligible_in_range(set_ids, lo, hi, excluded_members) > 0
+
+    # Persistence -------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes one `.npz` atomically (write, then rename), bound to the
+        catalogue's fingerprint."""
+        document = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "names": list(self._names),
+            "num_members": self.num_members,
+            "catalogue_fingerprint": self.catalogue.fingerprint,
+        }
+        arrays = {"words": self._words, "directory": self._directory}
+        npz_archive.write(path, arrays, document, temp_prefix=".eligibility-")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, index_or_catalogue) -> "EligibilitySets":
+        """Reads a file written by `save` for the same catalogue (same member
+        -> item id map; ValueError otherwise, or when the file is corrupt)."""
+        catalogue = _catalogue(index_or_catalogue)
+        arrays, document = npz_archive.read(path, kind="eligibility sets file")
+        npz_archive.check_document(
+            path, document, name=FORMAT_NAME, version=FORMAT_VERSION, kind="eligibility sets"
+        )
+        names = document.get("names")
+        if not isinstance(names, list) or document.get("num_members") != catalogue.num_members:
+            raise ValueError(
+                f"{os.fspath(path)!r} holds sets over {document.get('num_members')} members; "
+                f"this index has {catalogue.num_members}"
+            )
+        if document.get("catalogue_fingerprint") != catalogue.fingerprint:
+            raise ValueError(
+                f"{os.fspath(path)!r} was written for another catalogue (its member -> "
+                "item id map differs): rebuild the sets for this index"
+            )
+        shape = ((len(names), words_per_set(catalogue.num_members)), np.dtype(np.uint32))
+        npz_archive.check_arrays(
+            repr(os.fspath(path)), arrays, {"words": shape, "directory": shape}
+        )
+        if not np.array_equal(arrays["directory"], _directory(arrays["words"])):
+            raise ValueError(f"{os.fspath(path)!r}: the rank directory does not match the bits")
+        return cls(names, arrays["words"], arrays["directory"], catalogue)
+
+
+def _catalogue(index_or_catalogue) -> MemberCatalogue:
+    if isinstance(index_or_catalogue, MemberCatalogue):
+        return index_or_catalogue
+    return MemberCatalogue.from_index(index_or_catalogue)

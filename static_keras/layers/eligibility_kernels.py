@@ -1,0 +1,120 @@
+"""Device kernels of eligibility sets: popcount, rank and range counts in keras.ops.
+
+The device half of `static_keras.index.eligibility.EligibilitySets`: the
+same bit words and rank directory (`device_arrays()`, int32 `[S, W]`), the
+same answers as its NumPy `rank`, `contains` and `eligible_in_range`. Every
+function is elementwise arithmetic and gathers on static shapes, with no
+data-dependent control flow, so it runs unchanged on TensorFlow, JAX and
+torch, eagerly, in a TF graph and under XLA.
+
+Everything stays in int32 (JAX disables int64 by default) and no step
+relies on signed overflow: shifts right are masked after an arithmetic
+shift, and no intermediate exceeds 2**31 - 1.
+"""
+
+from __future__ import annotations
+
+from keras import ops
+
+_M1 = 0x55555555
+_M2 = 0x33333333
+_M4 = 0x0F0F0F0F
+_LOW31 = 0x7FFFFFFF
+
+
+def _popcount31(x):
+    """Set bits of a non-negative int32 (SWAR: 2-, 4-, 8-bit field sums)."""
+    x = x - ops.bitwise_and(ops.right_shift(x, 1), _M1)  # never below 0: x >= (x >> 1) & m1
+    x = ops.bitwise_and(x, _M2) + ops.bitwise_and(ops.right_shift(x, 2), _M2)
+    x = ops.bitwise_and(x + ops.right_shift(x, 4), _M4)  # < 0x40000000 before the mask
+    x = x + ops.right_shift(x, 8)
+    x = x + ops.right_shift(x, 16)
+    return ops.bitwise_and(x, 0x3F)
+
+
+def popcount32(x):
+    """int32: the set bits of each 32-bit pattern (keras.ops has no popcount).
+
+    The sign bit is counted apart, so the SWAR steps only see non-negative
+    31-bit values and never overflow.
+
+    Args:
+        x: int32 tensor, any shape (uint32 bits viewed as int32).
+
+    Returns:
+        int32 tensor of the same shape, values in `[0, 32]`.
+    """
+    x = ops.cast(x, "int32")
+    sign = ops.bitwise_and(ops.right_shift(x, 31), 1)
+    return _popcount31(ops.bitwise_and(x, _LOW31)) + sign
+
+
+def _flat_index(words, set_ids, positions):
+    num_words = words.shape[1]
+    set_ids = ops.cast(set_ids, "int32")
+    return set_ids * num_words + ops.right_shift(ops.cast(positions, "int32"), 5)
+
+
+def rank(words, directory, set_ids, positions):
+    """int32: eligible members before each position of each set.
+
+    `rank(i) = directory[i >> 5] + popcount(words[i >> 5] & low_bits(i & 31))`;
+    the low-bit mask is `0x7FFFFFFF >> (31 - b)` (b ones, b in [0, 31]), so
+    no shift ever reaches the sign bit.
+
+    Args:
+        words: int32 `[S, W]`, `EligibilitySets.device_arrays()["eligibility_words"]`.
+        directory: int32 `[S, W]`, `...["eligibility_directory"]`.
+        set_ids: int `[...]`, broadcast against `positions` (e.g. `[R, 1]`
+            for `[R, B]` positions).
+        positions: int `[...]` in `[0, num_members]`.
+    """
+    flat = _flat_index(words, set_ids, positions)
+    bit = ops.bitwise_and(ops.cast(positions, "int32"), 31)
+    below = ops.right_shift(ops.full_like(bit, _LOW31), 31 - bit)
+    word = ops.take(ops.reshape(words, (-1,)), flat)
+    before = ops.take(ops.reshape(directory, (-1,)), flat)
+    return ops.cast(before, "int32") + _popcount31(ops.bitwise_and(word, below))
+
+
+def contains(words, set_ids, members):
+    """bool: whether each member is eligible (padding `num_members` is not).
+
+    Args:
+        words: int32 `[S, W]`.
+        set_ids: int, broadcast against `members`.
+        members: int `[...]` in `[0, num_members]`.
+    """
+    word = ops.take(ops.reshape(words, (-1,)), _flat_index(words, set_ids, members))
+    bit = ops.bitwise_and(ops.cast(members, "int32"), 31)
+    return ops.equal(ops.bitwise_and(ops.right_shift(word, bit), 1), 1)
+
+
+def eligible_in_range(words, directory, set_ids, lo, hi, excluded_members=None):
+    """int32 `[R, B]`: eligible, non-excluded members in `[lo, hi)`.
+
+    A candidate state is enterable when this is positive:
+    `rank(hi) - rank(lo)` minus the row's excluded members that lie in the
+    range and are eligible (each excluded member is distinct, and the
+    padding `num_members` lies in no range).
+
+    Args:
+        words, directory: int32 `[S, W]` (see `rank`).
+        set_ids: int `[R]`, the set of each row.
+        lo, hi: int `[R, B]`, the member ranges of each row's candidates.
+        excluded_members: optional int `[R, E]`, sorted distinct member
+            numbers per row padded with `num_members`
+            (`MemberCatalogue.exclusion_members`).
+    """
+    rows = ops.expand_dims(ops.cast(set_ids, "int32"), 1)
+    count = rank(words, directory, rows, hi) - rank(words, directory, rows, lo)
+    if excluded_members is None:
+        return count
+    excluded = ops.cast(excluded_members, "int32")
+    eligible = contains(words, rows, excluded)[:, None, :]  # [R, 1, E]
+    excluded = excluded[:, None, :]
+    lo = ops.cast(lo, "int32")[:, :, None]
+    hi = ops.cast(hi, "int32")[:, :, None]
+    inside = ops.logical_and(ops.greater_equal(excluded, lo), ops.less(excluded, hi))
+    hits = ops.cast(ops.logical_and(inside, eligible), "int32")
+    return count - ops.sum(hits, axis=-1)
