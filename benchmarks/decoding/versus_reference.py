@@ -18,11 +18,19 @@ Modes, per `--backend` (one process each, `KERAS_BACKEND` set here):
 - tensorflow: ours under `tf.function(jit_compile=True)` (XLA) and
   `tf.function` without XLA (graph mode, what TF Serving runs by default).
 
+Each mode also times its floor: the same search, logits, candidate widths
+and top-k with no index read at all (`_NoIndex`); what a constrained decode
+adds to it is the index's cost, and the floor's ratio to the reference
+bounds what any constraint kernel can reach in that mode.
+
 Configurations: "2x70 tpb30" (batch 2 x beam 70, 30 tokens per beam at
 dense steps: the reference's own benchmark), "2x70 exact" (70 per beam),
 "128x20", "1x1". Before timing, every configuration checks that our tokens equal
 the reference's (the same set, logits and rule give the same beams).
-Writes `versus_reference_<backend>.csv` under `--out-dir`.
+Protocol: by default ("serving loop") 64 MiB of scratch memory is written
+before every timed call, for every engine alike, so caches are as cold as
+after a model's forward pass; `--protocol "back to back"` is the kindest
+case. Writes `versus_reference_<backend>.csv` under `--out-dir`.
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ import os
 import statistics
 import sys
 import time
+
+from benchmarks.strings.protocol import PROTOCOLS
+from benchmarks.strings.protocol import evict
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -53,6 +64,13 @@ def _parse(argv):
     parser.add_argument("--sizes", default="1e5,1e6,1e7")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--configs", default=",".join(c[0] for c in CONFIGS))
+    parser.add_argument(
+        "--protocol",
+        default="serving loop",
+        choices=PROTOCOLS,
+        help="'serving loop' writes 64 MiB of scratch memory before every timed call "
+        "(caches cold, as after a model's forward pass); 'back to back' does not",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", default=os.path.join(REPO, "benchmarks", "results"))
     return parser.parse_args(argv)
@@ -110,9 +128,39 @@ def _hash(xp, step, last_token, batch_row):
     return (step * 7919 + last_token * 31 + batch_row * 104729) % TABLE_ROWS
 
 
-def _ours(layer, table, batch, beam, per_beam, backend):
+class _NoIndex:
+    """The floor: the same search with the same candidate widths and no index
+    read. At a dense step the best `top_k` tokens of the whole vocabulary, at a
+    CSR step the first `B_t` tokens; every state stays 0. What is left is the
+    model, the log-softmax, the top-k and the beam bookkeeping."""
+
+    def __init__(self, layer):
+        from static_keras.layers.decoding_constraint import DecodingConstraint
+
+        self.constraint = type("NoIndex", (DecodingConstraint,), {})()
+        self.constraint.length = layer.length
+        self.constraint.candidates = self.candidates
+        self.widths = layer.step_widths
+        self.dense_levels = layer.dense_levels
+
+    def candidates(self, log_probs, states, step, top_k=None):
+        from keras import ops
+
+        rows = ops.shape(log_probs)[0]
+        if step < self.dense_levels:
+            scores, tokens = ops.top_k(log_probs, top_k or self.widths[step])
+            tokens = ops.cast(tokens, "int32")
+        else:
+            width = self.widths[step]
+            scores = log_probs[:, :width]
+            tokens = ops.broadcast_to(ops.arange(width, dtype="int32")[None, :], (rows, width))
+        return scores, tokens, ops.zeros_like(tokens)
+
+
+def _ours(layer, table, batch, beam, per_beam, backend, floor=False):
     """`{mode: call}` of our decode with the same logits (`layer`: the
-    `ConstrainedDecoding` holding the index, built once)."""
+    `ConstrainedDecoding` holding the index, built once); `floor=True`: the
+    same search through `_NoIndex` (no index read)."""
     from keras import ops
 
     from static_keras import beam_search
@@ -126,13 +174,14 @@ def _ours(layer, table, batch, beam, per_beam, backend):
             code = _hash(ops, t, last, batch_row)
             return ops.take(table_tensor, code, axis=0), state
 
-        return beam_search(layer, step_fn, batch, beam, dense_top_k=per_beam)["tokens"]
+        constraint = _NoIndex(layer).constraint if floor else layer
+        return beam_search(constraint, step_fn, batch, beam, dense_top_k=per_beam)["tokens"]
 
     if backend == "jax":
         import jax
         import keras
 
-        variables = layer.non_trainable_variables
+        variables = [] if floor else layer.non_trainable_variables
 
         def stateless(values, table_tensor):
             # The index arrays are arguments, not constants folded into the program.
@@ -173,19 +222,30 @@ def main(argv=None):
                 continue
             reference = _reference(args.peer, ids, table, batch, beam, per_beam)
             ours = _ours(layer, table, batch, beam, per_beam, args.backend)
+            floor = {
+                f"floor: {mode}": call
+                for mode, call in _ours(
+                    layer, table, batch, beam, per_beam, args.backend, True
+                ).items()
+            }
             expected = np.asarray(reference())
             for mode, call in ours.items():  # the first call also compiles
                 got = np.asarray(call())
                 if not np.array_equal(got, expected):
                     differ = int((got != expected).any(axis=2).sum())
                     raise AssertionError(f"{mode}, {name}, N={size}: {differ} beams differ")
-            times = {"reference": [], **{mode: [] for mode in ours}}
+            for call in floor.values():
+                call()  # compiles
+            timed = {**ours, **floor}
+            times = {"reference": [], **{mode: [] for mode in timed}}
             for _ in range(args.rounds):
-                for mode, call in (("reference", reference), *ours.items()):
+                for mode, call in (("reference", reference), *timed.items()):
+                    if args.protocol == "serving loop":
+                        evict()
                     start = time.perf_counter()
                     call()
                     times[mode].append(time.perf_counter() - start)
-            for mode in ours:
+            for mode in timed:
                 ratios = [a / b for a, b in zip(times[mode], times["reference"])]
                 row = {
                     "backend": args.backend,
@@ -196,6 +256,7 @@ def main(argv=None):
                     "reference_ms": statistics.median(times["reference"]) * 1000,
                     "ratio_median": statistics.median(ratios),
                     "rounds": args.rounds,
+                    "protocol": args.protocol,
                     "load_average": os.getloadavg()[0],
                 }
                 rows.append(row)

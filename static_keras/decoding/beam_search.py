@@ -12,6 +12,7 @@ from keras import ops
 from static_keras.constants import INVALID_STATE
 from static_keras.constants import PAD_TOKEN
 from static_keras.index.automaton import TokenAutomaton
+from static_keras.layers import gather
 from static_keras.layers.automaton_constraint import constraint_for
 from static_keras.layers.decoding_constraint import DecodingConstraint
 
@@ -155,8 +156,8 @@ def beam_search(
             # One live beam per batch row (row b * beam_size): only its
             # candidates are scored and ranked, and all of its best
             # `beam_size` survive.
-            logits = ops.take(logits, batch_base[:, 0], axis=0)  # [B, V]
-            row_states = ops.take(beam_states, batch_base[:, 0])
+            logits = gather.take(logits, batch_base[:, 0])  # [B, V]
+            row_states = ops.zeros((batch_size,), dtype="int32")
             row_scores = ops.zeros((batch_size,), dtype="float32")
             beams, per_beam = 1, beam_size
         else:
@@ -166,15 +167,32 @@ def beam_search(
                 beam_size,
                 dense_top_k,
             )
-        log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-        if constraint is None:
-            scores, tokens = ops.top_k(log_probs, min(per_beam, ops.shape(log_probs)[1]))
-            tokens = ops.cast(tokens, "int32")
-            next_states = ops.zeros_like(tokens)
-        else:
-            scores, tokens, next_states = constraint.candidates(
-                log_probs, row_states, step, top_k=per_beam
-            )
+        logits = ops.cast(logits, "float32")
+        # log-softmax = logits - logsumexp. Only the chosen candidates need
+        # it, so the [R, V] matrix is never written a second time: candidates
+        # are picked on the logits (the same order within a row) and the
+        # row's normaliser is subtracted from their scores.
+        normaliser = _logsumexp(logits)  # [R, 1]
+        scores = tokens = None
+        if per_beam >= beam_size and (eos is None or step == 0):
+            # No per-beam cap can bind (a beam never gives more than
+            # `beam_size` survivors): rank every (beam, token) of a batch row
+            # at once where the constraint has the whole matrix (a dense
+            # mask), instead of a top-k per beam and then one over those.
+            if constraint is None:
+                scores = logits
+            else:
+                scores = constraint.vocabulary_scores(logits, row_states, step)
+        if scores is None:
+            if constraint is None:
+                scores, tokens = ops.top_k(logits, min(per_beam, ops.shape(logits)[1]))
+                tokens = ops.cast(tokens, "int32")
+                next_states = ops.zeros_like(tokens)
+            else:
+                scores, tokens, next_states = constraint.candidates(
+                    logits, row_states, step, top_k=per_beam
+                )
+        scores = scores - normaliser  # -inf (padding, disallowed) stays -inf
         width = ops.shape(scores)[1]
         if eos is not None and step > 0:
             done = ops.expand_dims(finished, 1)
@@ -189,19 +207,28 @@ def beam_search(
             )
         beam_scores, choice = ops.top_k(total, beam_size, sorted=True)  # [B, M]
         choice = ops.minimum(ops.cast(choice, "int32"), beams * width - 1)  # padding: dead
-        parent = ops.reshape(batch_base + choice // width, (-1,))  # [R] rows
-        flat_choice = ops.reshape(batch_index * (beams * width) + choice, (-1,))
+        beam = choice // width  # [B, M]: the parent beam within its batch row
+        parent = ops.reshape(batch_base + beam, (-1,))  # [R] rows
         live = ops.reshape(ops.greater(beam_scores, -np.inf), (-1,))
         beam_scores = ops.reshape(beam_scores, (-1,))
-        token = ops.where(live, ops.take(ops.reshape(tokens, (-1,)), flat_choice), PAD_TOKEN)
-        beam_states = ops.where(
-            live, ops.take(ops.reshape(next_states, (-1,)), flat_choice), INVALID_STATE
-        )
-        prefix = ops.concatenate(
-            [ops.take(prefix, parent, axis=0), ops.expand_dims(token, 1)], axis=1
-        )
+        if tokens is None:  # ranked the whole vocabulary: the column is the token
+            token = ops.reshape(choice - beam * width, (-1,))
+            if constraint is None:
+                next_state = ops.zeros_like(token)
+            else:
+                parent_states = gather.take(
+                    row_states, ops.reshape(batch_index * beams + beam, (-1,))
+                )
+                next_state = constraint.advance(parent_states, token, step)
+        else:
+            flat_choice = ops.reshape(batch_index * (beams * width) + choice, (-1,))
+            token = gather.take(ops.reshape(tokens, (-1,)), flat_choice)
+            next_state = gather.take(ops.reshape(next_states, (-1,)), flat_choice)
+        token = ops.where(live, token, PAD_TOKEN)
+        beam_states = ops.where(live, next_state, INVALID_STATE)
+        prefix = ops.concatenate([gather.take(prefix, parent), ops.expand_dims(token, 1)], axis=1)
         if eos is not None:
-            ended = ops.logical_or(ops.take(finished, parent), ops.equal(token, eos))
+            ended = ops.logical_or(gather.take(finished, parent), ops.equal(token, eos))
             finished = ops.logical_and(live, ended)
             if distinct_items:
                 repeat = _repeated_finished(beam_states, finished, beam_size)
@@ -228,6 +255,13 @@ def beam_search(
         ids = constraint.item_ids(ops.where(live, beam_states, INVALID_STATE))
         result["item_ids"] = ops.reshape(ids, (-1, beam_size))[:, :num_results]
     return result
+
+
+def _logsumexp(logits):
+    """float32 `[R, 1]`: `log(sum(exp(logits)))` of each row, computed
+    stably (shifted by the row's max)."""
+    top = ops.max(logits, axis=1, keepdims=True)
+    return top + ops.log(ops.sum(ops.exp(logits - top), axis=1, keepdims=True))
 
 
 def _repeated_finished(states, finished, beam_size: int):

@@ -34,6 +34,7 @@ from static_keras.constants import MASKED_LOGIT
 from static_keras.constants import PAD_TOKEN
 from static_keras.index import archive
 from static_keras.index.automaton import TokenAutomaton
+from static_keras.layers import gather
 from static_keras.layers.decoding_constraint import DecodingConstraint
 
 #: automaton kind -> "module:Class" of its constraint layer.
@@ -246,6 +247,15 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         next_states = ops.where(ok, next_states, INVALID_STATE)
         return scores, tokens, next_states
 
+    def vocabulary_scores(self, log_probs, states, step):
+        """`[R, V]` scores, `-inf` where disallowed, at a dense-head int step;
+        None elsewhere (see `DecodingConstraint.vocabulary_scores`)."""
+        t = self._static_step(step)
+        if t is None or not self._is_dense(t):
+            return None
+        allowed = self._dense_allowed(ops.cast(states, "int32"), t)
+        return ops.where(allowed, ops.cast(log_probs, "float32"), -np.inf)
+
     def allowed_mask(self, states, step=None):
         """bool `[R, V]`: the allowed next tokens of each row."""
         t = self._static_step(step)
@@ -253,7 +263,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         if t is not None and self._is_dense(t):
             return self._dense_allowed(states, t)
         edges, ok = self._sparse_slots(states, t)
-        tokens = ops.cast(ops.take(self.index_weights["tokens"], edges), "int32")
+        tokens = ops.cast(gather.take(self.index_weights["tokens"], edges), "int32")
         # Scatter the valid slots into [R, V + 1]; padding slots land in the
         # spare last column, which is dropped.
         vocab = self.layout.vocab_size
@@ -297,12 +307,12 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         for _ in range(max(1, math.ceil(math.log2(width + 1)))):
             active = ops.less(low, high)
             middle = (low + high) // 2
-            value = ops.cast(ops.take(table, ops.where(active, middle, 0)), "int32")
+            value = ops.cast(gather.take(table, ops.where(active, middle, 0)), "int32")
             right = ops.logical_and(active, ops.less(value, tokens))
             low = ops.where(right, middle + 1, low)
             high = ops.where(ops.logical_and(active, ops.logical_not(right)), middle, high)
         at = ops.clip(low, 0, table.shape[0] - 1)
-        hit = ops.equal(ops.cast(ops.take(table, at), "int32"), tokens)
+        hit = ops.equal(ops.cast(gather.take(table, at), "int32"), tokens)
         found = ops.logical_and(ops.less(low, start + count), hit)
         next_states = ops.where(found, self._edge_targets(at), INVALID_STATE)
         if t is None and self.layout.dense_levels:
@@ -325,7 +335,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
             raise ValueError("The index of this layer was built without `item_ids`")
         finished = self.is_finished(states)
         member = ops.where(finished, ops.cast(states, "int32") - self.layout.first_member_state, 0)
-        ids = ops.take(self.index_weights[self.layout.member_ids_array], member)
+        ids = gather.take(self.index_weights[self.layout.member_ids_array], member)
         return ops.where(finished, ids, ops.cast(-1, ids.dtype))
 
     # The kernels a kind supplies --------------------------------------------
@@ -355,6 +365,11 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
     def _dense_next(self, states, tokens, step):
         raise NotImplementedError
 
+    def _dense_contains(self, states, tokens, step):
+        """bool `[R]`: whether each row's dense-head state allows its token
+        (in `[0, V)`); False for states outside the dense head."""
+        raise NotImplementedError
+
     # Shared kernels ----------------------------------------------------------
 
     def _sparse_width(self, step) -> int:
@@ -374,14 +389,14 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
 
     def _sparse_candidates(self, logits, states, step, k: int):
         edges, ok = self._sparse_slots(states, step)
-        tokens = ops.cast(ops.take(self.index_weights["tokens"], edges), "int32")
-        scores = ops.where(ok, ops.take_along_axis(logits, tokens, axis=1), -np.inf)
+        tokens = ops.cast(gather.take(self.index_weights["tokens"], edges), "int32")
+        scores = ops.where(ok, gather.take_along_rows(logits, tokens), -np.inf)
         next_states = self._edge_targets(edges)
         width = ops.shape(edges)[1]
         if k < width and (step is None or self._caps(step)):
             scores, pick = ops.top_k(scores, k, sorted=True)
-            tokens = ops.take_along_axis(tokens, pick, axis=1)
-            next_states = ops.take_along_axis(next_states, pick, axis=1)
+            tokens = gather.take_along_rows(tokens, pick)
+            next_states = gather.take_along_rows(next_states, pick)
             ok = ops.greater(scores, -np.inf)
         elif k > width:  # any-step candidates: as wide as the widest dense step
             pad = [[0, 0], [0, k - width]]
@@ -395,7 +410,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         allowed = self._dense_allowed(states, step)
         masked = ops.where(allowed, logits, -np.inf)
         scores, tokens = ops.top_k(masked, k, sorted=True)
-        ok = ops.take_along_axis(allowed, tokens, axis=1)
+        ok = gather.take_along_rows(allowed, tokens)
         if cap < k:
             ok = ops.logical_and(ok, ops.less(ops.arange(k), cap)[None, :])
         tokens = ops.cast(tokens, "int32")
@@ -403,12 +418,8 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         return scores, tokens, next_states, ok
 
     def _dense_advance(self, states, tokens, step):
-        allowed = self._dense_allowed(states, step)
         safe = ops.clip(tokens, 0, self.layout.vocab_size - 1)
-        ok = ops.logical_and(
-            ops.equal(safe, tokens),
-            ops.squeeze(ops.take_along_axis(allowed, safe[:, None], axis=1), 1),
-        )
+        ok = ops.logical_and(ops.equal(safe, tokens), self._dense_contains(states, safe, step))
         return ops.where(ok, self._dense_next(states, safe, step), INVALID_STATE)
 
     def _static_step(self, step) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from keras import ops
 
 from static_keras.api_export import static_keras_export
@@ -10,9 +11,13 @@ from static_keras.constants import MASKED_LOGIT
 from static_keras.constants import PAD_TOKEN
 from static_keras.index.layout import IndexLayout
 from static_keras.index.static_index import StaticIndex
+from static_keras.layers import gather
 from static_keras.layers.automaton_constraint import AutomatonConstraint
 
 __all__ = ["INVALID_STATE", "MASKED_LOGIT", "PAD_TOKEN", "ConstrainedDecoding"]
+
+#: Bit j of an int32 mask word, j = 0..31 (bit 31 is the sign bit).
+_BIT_VALUES = (np.uint32(1) << np.arange(32, dtype=np.uint32)).view(np.int32)
 
 
 @static_keras_export
@@ -154,11 +159,28 @@ class ConstrainedDecoding(AutomatonConstraint):
             valid = self._in_dense_head(states)
         else:
             valid = ops.greater(states, INVALID_STATE)
-        words = ops.take(self.index_weights["dense_masks"], ops.where(valid, states, 0), axis=0)
-        shifts = ops.arange(32, dtype="int32")
-        bits = ops.bitwise_and(ops.right_shift(ops.expand_dims(words, 2), shifts), 1)
-        bits = ops.reshape(bits, (-1, layout.mask_words * 32))[:, : layout.vocab_size]
-        return ops.logical_and(ops.equal(bits, 1), ops.expand_dims(valid, 1))
+        words = gather.take(self.index_weights["dense_masks"], ops.where(valid, states, 0))
+        # Rows of invalid states unpack to nothing: zeroing their words costs
+        # `[R, V/32]`, not an `[R, V]` pass.
+        words = ops.where(ops.expand_dims(valid, 1), words, 0)
+        bits = ops.bitwise_and(ops.expand_dims(words, 2), _BIT_VALUES)
+        allowed = ops.reshape(ops.not_equal(bits, 0), (-1, layout.mask_words * 32))
+        if layout.mask_words * 32 != layout.vocab_size:
+            allowed = allowed[:, : layout.vocab_size]
+        return allowed
+
+    def _dense_contains(self, states, tokens, step):
+        """Reads one bit per row (not the whole mask row)."""
+        layout = self.layout
+        if step is None:
+            valid = self._in_dense_head(states)
+        else:
+            valid = ops.greater(states, INVALID_STATE)
+        masks = ops.reshape(self.index_weights["dense_masks"], (-1,))
+        at = ops.where(valid, states, 0) * layout.mask_words + ops.right_shift(tokens, 5)
+        words = gather.take(masks, at)
+        bits = ops.bitwise_and(ops.right_shift(words, ops.bitwise_and(tokens, 31)), 1)
+        return ops.logical_and(valid, ops.equal(bits, 1))
 
     def _dense_next(self, states, tokens, step):
         """Next state in the dense head: the next code's state, or the tail
@@ -175,16 +197,16 @@ class ConstrainedDecoding(AutomatonConstraint):
             codes = (states - layout.dense_mask_offsets[step]) * vocab + tokens
             if step < last:
                 return layout.dense_mask_offsets[step + 1] + codes
-            tail = ops.take(table, ops.where(head, codes, 0)) + layout.dense_head_states
+            tail = gather.take(table, ops.where(head, codes, 0)) + layout.dense_head_states
             return ops.where(head, tail, INVALID_STATE)
         head = self._in_dense_head(states)
         states = ops.where(head, states, 0)
         depth = self._depth(states)
         offsets = ops.convert_to_tensor(self._depth_tables["depth_start"], "int32")
-        codes = (states - ops.take(offsets, depth)) * vocab + tokens
+        codes = (states - gather.take(offsets, depth)) * vocab + tokens
         at_last = ops.logical_and(ops.equal(depth, last), head)
-        tail = ops.take(table, ops.where(at_last, codes, 0)) + layout.dense_head_states
-        deeper = ops.take(offsets, depth + 1) + codes
+        tail = gather.take(table, ops.where(at_last, codes, 0)) + layout.dense_head_states
+        deeper = gather.take(offsets, depth + 1) + codes
         return ops.where(head, ops.where(at_last, tail, deeper), INVALID_STATE)
 
     def _rows(self, states, step):
@@ -197,8 +219,8 @@ class ConstrainedDecoding(AutomatonConstraint):
             if step in layout.indptr_offsets:
                 rows = layout.indptr_offsets[step] + local
                 indptr = self.index_weights["indptr"]
-                start = ops.cast(ops.take(indptr, rows), "int32")
-                count = ops.cast(ops.take(indptr, rows + 1), "int32") - start
+                start = ops.cast(gather.take(indptr, rows), "int32")
+                count = ops.cast(gather.take(indptr, rows + 1), "int32") - start
             else:  # every state at this depth has exactly one child
                 start = layout.edge_offsets[step] + local
                 count = ops.ones_like(start)
@@ -211,16 +233,16 @@ class ConstrainedDecoding(AutomatonConstraint):
         states = ops.where(inner, states, layout.dense_head_states)
         depth = self._depth(states)
         table = {k: ops.convert_to_tensor(v, "int32") for k, v in self._depth_tables.items()}
-        local = states - ops.take(table["depth_start"], depth)
-        start = ops.take(table["edge_offset"], depth) + local
+        local = states - gather.take(table["depth_start"], depth)
+        start = gather.take(table["edge_offset"], depth) + local
         count = ops.ones_like(start)
         if layout.indptr_offsets:
             indptr = self.index_weights["indptr"]
             last = indptr.shape[0] - 2
-            rows = ops.clip(ops.take(table["indptr_offset"], depth) + local, 0, last)
-            row_start = ops.cast(ops.take(indptr, rows), "int32")
-            row_count = ops.cast(ops.take(indptr, rows + 1), "int32") - row_start
-            branching = ops.cast(ops.take(table["has_indptr"], depth), "bool")
+            rows = ops.clip(gather.take(table["indptr_offset"], depth) + local, 0, last)
+            row_start = ops.cast(gather.take(indptr, rows), "int32")
+            row_count = ops.cast(gather.take(indptr, rows + 1), "int32") - row_start
+            branching = ops.cast(gather.take(table["has_indptr"], depth), "bool")
             start = ops.where(branching, row_start, start)
             count = ops.where(branching, row_count, count)
         return ops.where(inner, start, 0), ops.where(inner, count, 0)

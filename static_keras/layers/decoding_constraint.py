@@ -31,6 +31,22 @@ class DecodingConstraint:
         """
         raise NotImplementedError
 
+    def vocabulary_scores(self, log_probs, states, step: int):
+        """`[R, V]`: `log_probs` with disallowed tokens at `-inf`, or None.
+
+        A constraint returns the matrix at steps where it is cheap (a dense
+        mask), and `advance` then gives the states after the chosen tokens.
+        `beam_search` uses it where no per-beam cap applies: the best beams
+        of a batch row are then one top-k over all its beams' tokens, not a
+        top-k per beam followed by a second one. None (the default) means
+        "use `candidates`".
+        """
+        return None
+
+    def advance(self, states, tokens, step):
+        """The state after appending `tokens [R]` to each row (-1 if not allowed)."""
+        raise NotImplementedError
+
     def item_ids(self, states):
         """Catalogue ids of final states, -1 for the others."""
         raise ValueError(f"{type(self).__name__} has no item ids")

@@ -6,6 +6,7 @@ from keras import ops
 
 from static_keras.api_export import static_keras_export
 from static_keras.constants import INVALID_STATE
+from static_keras.layers import gather
 from static_keras.layers.automaton_constraint import AutomatonConstraint
 from static_keras.strings.layout import StringIndexLayout
 from static_keras.strings.string_index import StringIndex
@@ -119,9 +120,9 @@ class StringConstrainedDecoding(AutomatonConstraint):
         )
         indptr = self.index_weights["indptr"]
         safe = ops.where(valid, states, 0)
-        start = ops.cast(ops.take(indptr, safe), "int32")
-        count = ops.cast(ops.take(indptr, safe + 1), "int32") - start
+        start = ops.cast(gather.take(indptr, safe), "int32")
+        count = ops.cast(gather.take(indptr, safe + 1), "int32") - start
         return start, ops.where(valid, count, 0)
 
     def _edge_targets(self, edges):
-        return ops.cast(ops.take(self.index_weights["next_states"], edges), "int32")
+        return ops.cast(gather.take(self.index_weights["next_states"], edges), "int32")
