@@ -312,6 +312,52 @@ def test_tokens_per_beam_applies_per_beam_after_the_first_step():
     np.testing.assert_allclose(np.asarray(out["scores"])[0], scores, atol=1e-5)
 
 
+class _CandidatesOnly(DecodingConstraint):
+    """A layer's candidates without its whole-vocabulary scores: forces the
+    per-beam top-k path at dense steps."""
+
+    def __init__(self, layer):
+        self.layer = layer
+        self.length = layer.length
+        self.has_item_ids = layer.has_item_ids
+
+    def candidates(self, log_probs, states, step, top_k=None):
+        return self.layer.candidates(log_probs, states, step, top_k=top_k)
+
+    def item_ids(self, states):
+        return self.layer.item_ids(states)
+
+
+@pytest.mark.parametrize("dense_levels", [0, 1, 2, 3])
+def test_whole_vocabulary_ranking_equals_per_beam_candidates(dense_levels):
+    # Dense steps with no binding cap rank every (beam, token) of a batch row
+    # in one top-k; that must be the per-beam top-k's result exactly, also
+    # when the beam is narrower than the set.
+    from static_keras import ConstrainedDecoding
+
+    rng = np.random.default_rng(dense_levels)
+    vocab = 12
+    seqs = rng.integers(0, vocab, size=(300, 4))
+    layer = ConstrainedDecoding(
+        StaticIndex.build(seqs, vocab, dense_levels=dense_levels, item_ids=np.arange(300),
+                          on_duplicate_item="first")
+    )  # fmt: skip
+    logits_of = _prefix_logits(ops.convert_to_tensor(_table(vocab, seed=3)))
+    for beam, per_beam in ((7, None), (7, 9), (40, None)):
+        outs = [
+            beam_search(c, lambda p, s: (logits_of(p), s), 3, beam, dense_top_k=per_beam)
+            for c in (layer, _CandidatesOnly(layer))
+        ]
+        for key in ("tokens", "item_ids"):
+            np.testing.assert_array_equal(np.asarray(outs[0][key]), np.asarray(outs[1][key]))
+        np.testing.assert_allclose(
+            np.asarray(outs[0]["scores"]), np.asarray(outs[1]["scores"]), rtol=1e-6
+        )
+        assert layer.vocabulary_scores(np.zeros((1, vocab)), np.zeros(1), 0) is not None or (
+            dense_levels == 0
+        )
+
+
 def test_unconstrained_baseline_uses_the_same_tokens_per_beam():
     vocab = 9
     table = _table(vocab, seed=5)
