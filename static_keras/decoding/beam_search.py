@@ -13,6 +13,7 @@ from static_keras.constants import INVALID_STATE
 from static_keras.constants import PAD_TOKEN
 from static_keras.index.automaton import TokenAutomaton
 from static_keras.layers import gather
+from static_keras.layers.automaton_constraint import AutomatonConstraint
 from static_keras.layers.automaton_constraint import constraint_for
 from static_keras.layers.decoding_constraint import DecodingConstraint
 
@@ -30,6 +31,7 @@ def beam_search(
     dense_top_k: int | None = None,
     length: int | None = None,
     distinct_items: bool = True,
+    eligibility=None,
 ) -> dict:
     """Beam search that only returns sequences of the valid set.
 
@@ -82,6 +84,15 @@ def beam_search(
             best tokenization found. Lossless: a finished beam's score never
             changes. No effect on fixed-length sets (every leaf is one
             item). Defaults to True; False returns every tokenization.
+        eligibility: None, or `(set_ids, excluded)` per batch row: int32
+            `[B]` eligibility set ids (-1: no set) and int32 `[B, E]` excluded
+            member numbers padded with `num_members`
+            (`MemberCatalogue.exclusion_members`); either may be None. Needs
+            an `AutomatonConstraint` with eligibility sets. Every step keeps
+            only candidates with an eligible, non-excluded member below, so
+            every result is one, and with `beam_size` at least their number
+            the results are their exhaustive ranking. A batch row's beams
+            never leave it, so each beam reads its batch row's entry.
 
     Returns:
         dict with `tokens` int32 `[B, K, L]`, `scores` float32 `[B, K]` (sum of
@@ -138,6 +149,17 @@ def beam_search(
     if isinstance(batch_size, (int, np.integer)):
         batch_size = _positive_int(batch_size, "batch_size")
     rows = batch_size * beam_size
+    per_batch_row = per_beam_row = None  # eligibility at step 0 and after it
+    if eligibility is not None:
+        if not isinstance(constraint, AutomatonConstraint):
+            raise ValueError(
+                "`eligibility` needs an AutomatonConstraint index (StaticIndex, "
+                "StringIndex, or their layers) built with eligibility sets"
+            )
+        per_batch_row = constraint.check_eligibility(eligibility)
+        per_beam_row = tuple(
+            None if x is None else ops.repeat(x, beam_size, axis=0) for x in per_batch_row
+        )
 
     beam_scores = None  # set by the first step, which starts from one beam per row
     beam_states = ops.zeros((rows,), dtype="int32")
@@ -174,6 +196,7 @@ def beam_search(
         # row's normaliser is subtracted from their scores.
         normaliser = _logsumexp(logits)  # [R, 1]
         scores = tokens = None
+        here = per_batch_row if step == 0 else per_beam_row
         if per_beam >= beam_size and (eos is None or step == 0):
             # No per-beam cap can bind (a beam never gives more than
             # `beam_size` survivors): rank every (beam, token) of a batch row
@@ -181,16 +204,22 @@ def beam_search(
             # mask), instead of a top-k per beam and then one over those.
             if constraint is None:
                 scores = logits
-            else:
+            elif here is None:
                 scores = constraint.vocabulary_scores(logits, row_states, step)
+            else:
+                scores = constraint.vocabulary_scores(logits, row_states, step, eligibility=here)
         if scores is None:
             if constraint is None:
                 scores, tokens = ops.top_k(logits, min(per_beam, ops.shape(logits)[1]))
                 tokens = ops.cast(tokens, "int32")
                 next_states = ops.zeros_like(tokens)
-            else:
+            elif here is None:
                 scores, tokens, next_states = constraint.candidates(
                     logits, row_states, step, top_k=per_beam
+                )
+            else:
+                scores, tokens, next_states = constraint.candidates(
+                    logits, row_states, step, top_k=per_beam, eligibility=here
                 )
         scores = scores - normaliser  # -inf (padding, disallowed) stays -inf
         width = ops.shape(scores)[1]

@@ -56,6 +56,12 @@ class ConstrainedBeamSearch(keras.layers.Layer):
 
     Call arguments:
         context: tensor or nest of tensors with leading dimension B.
+        set_ids: optional int32 `[B]`, the eligibility set of each row
+            (-1: none); needs a constraint with eligibility sets.
+        excluded: optional int32 `[B, E]`, each row's excluded member
+            numbers padded with `num_members` (`exclusion_members`).
+        Without either the search is the plain one (see `beam_search`'s
+        `eligibility`).
 
     Returns:
         `outputs="dict"`: `tokens` int32 `[B, K, L]`, `scores` float32
@@ -144,7 +150,7 @@ class ConstrainedBeamSearch(keras.layers.Layer):
     def build(self, input_shape=None):
         self.built = True
 
-    def call(self, context):
+    def call(self, context, set_ids=None, excluded=None):
         repeated = keras.tree.map_structure(
             lambda x: ops.repeat(x, self.beam_size, axis=0), context
         )
@@ -163,6 +169,7 @@ class ConstrainedBeamSearch(keras.layers.Layer):
             dense_top_k=self.dense_top_k,
             length=self.length,
             distinct_items=self.distinct_items,
+            eligibility=None if set_ids is None and excluded is None else (set_ids, excluded),
         )
         if self.outputs == "scores_and_item_ids":
             return found["scores"], found["item_ids"]

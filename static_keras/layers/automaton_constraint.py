@@ -34,6 +34,9 @@ from static_keras.constants import MASKED_LOGIT
 from static_keras.constants import PAD_TOKEN
 from static_keras.index import archive
 from static_keras.index.automaton import TokenAutomaton
+from static_keras.index.eligibility import EligibilitySets
+from static_keras.index.eligibility import words_per_set
+from static_keras.layers import eligibility_step
 from static_keras.layers import gather
 from static_keras.layers.decoding_constraint import DecodingConstraint
 
@@ -89,9 +92,19 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
     index_class: type = TokenAutomaton
     layout_class: type = type(None)
 
-    def __init__(self, index=None, *, layout_fields: dict, **kwargs):
+    def __init__(
+        self,
+        index=None,
+        *,
+        layout_fields: dict,
+        eligibility: EligibilitySets | None = None,
+        eligibility_sets: int = 0,
+        eligibility_names=None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         name = type(self).__name__
+        self._init_eligibility(eligibility, eligibility_sets, eligibility_names)
         if index is not None:
             if not isinstance(index, self.index_class):
                 raise ValueError(
@@ -138,9 +151,13 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
                 initializer="zeros",
                 trainable=False,
             )
+        self._build_eligibility()
         if self._pending_index is not None:
             self.set_index(self._pending_index)
             self._pending_index = None
+        if self._pending_eligibility is not None:
+            self.set_eligibility(self._pending_eligibility)
+            self._pending_eligibility = None
         self.built = True
 
     def set_index(self, index: TokenAutomaton) -> None:
@@ -163,11 +180,130 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
                     "on JAX enable 64-bit with jax_enable_x64"
                 )
             weight.assign(values)
+        for name, array in self._member_range_arrays(index).items():
+            self.member_range_weights[name].assign(array)
 
     def get_config(self):
         config = super().get_config()
         config.update(self.layout.to_config())
+        if self.num_eligibility_sets:
+            config["eligibility_sets"] = self.num_eligibility_sets
+            names = self.eligibility_names
+            config["eligibility_names"] = None if names is None else list(names)
         return config
+
+    # Eligibility sets ---------------------------------------------------------
+
+    def _init_eligibility(self, eligibility, num_sets, names) -> None:
+        """Sizes the eligibility weights: S sets from `eligibility` (an
+        `EligibilitySets`) or `eligibility_sets`; 0 adds no weight at all."""
+        if eligibility is not None:
+            if not isinstance(eligibility, EligibilitySets):
+                raise ValueError(
+                    "`eligibility` must be an EligibilitySets. "
+                    f"Received: {type(eligibility).__name__}"
+                )
+            if num_sets not in (0, eligibility.num_sets):
+                raise ValueError(
+                    f"`eligibility_sets`={num_sets} but `eligibility` holds "
+                    f"{eligibility.num_sets} sets"
+                )
+            num_sets = eligibility.num_sets
+            names = eligibility.names if names is None else names
+        if isinstance(num_sets, bool) or not isinstance(num_sets, (int, np.integer)):
+            raise ValueError(f"`eligibility_sets` must be an int >= 0. Received: {num_sets!r}")
+        if num_sets < 0:
+            raise ValueError(f"`eligibility_sets` must be an int >= 0. Received: {num_sets!r}")
+        if names is not None:
+            names = tuple(names)
+            if len(names) != num_sets:
+                raise ValueError(
+                    f"`eligibility_names` must name all {num_sets} sets. Received: {list(names)}"
+                )
+        self.num_eligibility_sets = int(num_sets)
+        self.eligibility_names = names
+        self._pending_eligibility = eligibility
+
+    def _build_eligibility(self) -> None:
+        self.eligibility_weights = {}
+        self.member_range_weights = {}
+        if not self.num_eligibility_sets:
+            return
+        shape = (self.num_eligibility_sets, words_per_set(self.layout.num_members))
+        for name in ("eligibility_words", "eligibility_directory"):
+            self.eligibility_weights[name] = self.add_weight(
+                name=name, shape=shape, dtype="int32", initializer="zeros", trainable=False
+            )
+        for name, shape in self._member_range_shapes().items():
+            self.member_range_weights[name] = self.add_weight(
+                name=name, shape=shape, dtype="int32", initializer="zeros", trainable=False
+            )
+
+    def set_eligibility(self, eligibility_sets: EligibilitySets) -> None:
+        """Assigns new set bits in place (a refresh: no rebuild, no retrace).
+
+        The sets must be over this index's members, as many as the layer
+        holds, with the same names (a set id means the same set before and
+        after); a layer built without names takes these.
+        """
+        if not isinstance(eligibility_sets, EligibilitySets):
+            raise ValueError(
+                "`eligibility_sets` must be an EligibilitySets. "
+                f"Received: {type(eligibility_sets).__name__}"
+            )
+        if not self.num_eligibility_sets:
+            raise ValueError(
+                "This layer holds no eligibility sets; build it with `eligibility=` "
+                "or `eligibility_sets=S`"
+            )
+        if eligibility_sets.num_members != self.layout.num_members:
+            raise ValueError(
+                f"The sets are over {eligibility_sets.num_members} members; this index "
+                f"has {self.layout.num_members}"
+            )
+        if eligibility_sets.num_sets != self.num_eligibility_sets:
+            raise ValueError(
+                f"This layer holds {self.num_eligibility_sets} eligibility sets. "
+                f"Received {eligibility_sets.num_sets}"
+            )
+        names = tuple(eligibility_sets.names)
+        if self.eligibility_names is not None and names != tuple(self.eligibility_names):
+            raise ValueError(
+                f"The set names differ: the layer has {list(self.eligibility_names)}, "
+                f"the sets have {list(names)} (set ids would change meaning)"
+            )
+        for name, array in eligibility_sets.device_arrays().items():
+            self.eligibility_weights[name].assign(array)
+        self.eligibility_names = names
+
+    def member_ranges(self, states, depth: int | None = None):
+        """`(lo, hi)` int32, shape of `states`: the members below each state
+        (`TokenAutomaton.member_ranges` on the device; needs eligibility sets).
+        `depth`: a Python int when every valid state has that depth."""
+        if not self.num_eligibility_sets:
+            raise ValueError("Member ranges live with the eligibility sets: eligibility_sets=0")
+        return self._member_ranges(ops.cast(states, "int32"), depth)
+
+    def check_eligibility(self, eligibility):
+        """`(set_ids, excluded)` as int32 tensors, checked against this layer's
+        sets (a ValueError names the problem; see `eligibility_step`)."""
+        if not self.num_eligibility_sets:
+            raise ValueError(
+                "`eligibility` needs a layer with eligibility sets: build it with "
+                "`eligibility=` (an EligibilitySets) or `eligibility_sets=S`"
+            )
+        return eligibility_step.check_eligibility(eligibility, self.num_eligibility_sets)
+
+    def _keep(self, eligibility, lo, hi):
+        """bool: whether each range holds an eligible, non-excluded member."""
+        return eligibility_step.keep_mask(
+            self.eligibility_weights["eligibility_words"],
+            self.eligibility_weights["eligibility_directory"],
+            self.layout.num_members,
+            eligibility,
+            lo,
+            hi,
+        )
 
     def index_arrays(self) -> dict[str, np.ndarray]:
         """The device arrays this layer holds, as NumPy arrays of the layout's dtypes."""
@@ -223,20 +359,30 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
             return self.mask_logits(logits, states, step)
         raise ValueError(f"`mode` must be 'candidates' or 'mask'. Received: mode={mode!r}")
 
-    def candidates(self, logits, states, step=None, top_k: int | None = None):
-        """`(scores, tokens, next_states)`, each `[R, K_t]`; see the class doc."""
+    def candidates(self, logits, states, step=None, top_k: int | None = None, eligibility=None):
+        """`(scores, tokens, next_states)`, each `[R, K_t]`; see the class doc.
+
+        `eligibility`: None, or `(set_ids int32 [R], excluded int32 [R, E])`
+        (either may be None): a candidate is kept only if a member of set
+        `set_ids[r]` (-1: any member) that is not in `excluded[r]` (member
+        numbers padded with `num_members`, `MemberCatalogue.exclusion_members`)
+        lies below its next state. Filtered before `top_k`, so the kept
+        candidates are the best eligible ones. Needs eligibility sets.
+        """
         t = self._static_step(step)
         logits = ops.cast(logits, "float32")
         states = ops.cast(states, "int32")
         k = self.num_candidates(t, top_k)
+        if eligibility is not None:
+            eligibility = self.check_eligibility(eligibility)
         if t is not None and self._is_dense(t):
-            found = self._dense_candidates(logits, states, t, k, k)
+            found = self._dense_candidates(logits, states, t, k, k, eligibility)
         else:
-            found = self._sparse_candidates(logits, states, t, k)
+            found = self._sparse_candidates(logits, states, t, k, eligibility)
             if t is None and self.layout.dense_levels:
                 # Dense rows keep at most `top_k` of the (wider) k slots.
                 cap = k if top_k is None else max(1, min(int(top_k), k))
-                dense = self._dense_candidates(logits, states, None, k, cap)
+                dense = self._dense_candidates(logits, states, None, k, cap, eligibility)
                 here = ops.expand_dims(self._in_dense_head(states), 1)
                 found = [ops.where(here, d, s) for d, s in zip(dense, found)]
         scores, tokens, next_states, ok = found
@@ -247,13 +393,18 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         next_states = ops.where(ok, next_states, INVALID_STATE)
         return scores, tokens, next_states
 
-    def vocabulary_scores(self, log_probs, states, step):
+    def vocabulary_scores(self, log_probs, states, step, eligibility=None):
         """`[R, V]` scores, `-inf` where disallowed, at a dense-head int step;
-        None elsewhere (see `DecodingConstraint.vocabulary_scores`)."""
+        None elsewhere (see `DecodingConstraint.vocabulary_scores`).
+        `eligibility`: as in `candidates`."""
         t = self._static_step(step)
         if t is None or not self._is_dense(t):
             return None
-        allowed = self._dense_allowed(ops.cast(states, "int32"), t)
+        states = ops.cast(states, "int32")
+        allowed = self._dense_allowed(states, t)
+        if eligibility is not None:
+            eligibility = self.check_eligibility(eligibility)
+            allowed = ops.logical_and(allowed, self._dense_keep(states, t, eligibility))
         return ops.where(allowed, ops.cast(log_probs, "float32"), -np.inf)
 
     def allowed_mask(self, states, step=None):
@@ -370,6 +521,22 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         (in `[0, V)`); False for states outside the dense head."""
         raise NotImplementedError
 
+    def _member_range_shapes(self) -> dict[str, tuple[int, ...]]:
+        """int32 weights `member_ranges` reads, by name (with eligibility sets)."""
+        raise NotImplementedError
+
+    def _member_range_arrays(self, index) -> dict[str, np.ndarray]:
+        """Values of those weights for `index` (empty without eligibility sets)."""
+        raise NotImplementedError
+
+    def _member_ranges(self, states, depth):
+        """`(lo, hi)` int32 of int32 `states`; `depth` an int or None (mixed)."""
+        raise NotImplementedError
+
+    def _dense_keep(self, states, step, eligibility):
+        """bool `[R, V]`: `_keep` of every code below each dense-head state."""
+        raise NotImplementedError
+
     # Shared kernels ----------------------------------------------------------
 
     def _sparse_width(self, step) -> int:
@@ -387,11 +554,15 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         edges = ops.where(ok, ops.expand_dims(start, 1) + slot, 0)
         return edges, ok
 
-    def _sparse_candidates(self, logits, states, step, k: int):
+    def _sparse_candidates(self, logits, states, step, k: int, eligibility=None):
         edges, ok = self._sparse_slots(states, step)
         tokens = ops.cast(gather.take(self.index_weights["tokens"], edges), "int32")
         scores = ops.where(ok, gather.take_along_rows(logits, tokens), -np.inf)
         next_states = self._edge_targets(edges)
+        if eligibility is not None:
+            lo, hi = self._member_ranges(next_states, None if step is None else step + 1)
+            ok = ops.logical_and(ok, self._keep(eligibility, lo, hi))
+            scores = ops.where(ok, scores, -np.inf)
         width = ops.shape(edges)[1]
         if k < width and (step is None or self._caps(step)):
             scores, pick = ops.top_k(scores, k, sorted=True)
@@ -406,8 +577,10 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
             ok = ops.pad(ok, pad, constant_values=False)
         return scores, tokens, next_states, ok
 
-    def _dense_candidates(self, logits, states, step, k: int, cap: int):
+    def _dense_candidates(self, logits, states, step, k: int, cap: int, eligibility=None):
         allowed = self._dense_allowed(states, step)
+        if eligibility is not None:
+            allowed = ops.logical_and(allowed, self._dense_keep(states, step, eligibility))
         masked = ops.where(allowed, logits, -np.inf)
         scores, tokens = ops.top_k(masked, k, sorted=True)
         ok = gather.take_along_rows(allowed, tokens)

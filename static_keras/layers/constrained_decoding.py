@@ -11,6 +11,7 @@ from static_keras.constants import MASKED_LOGIT
 from static_keras.constants import PAD_TOKEN
 from static_keras.index.layout import IndexLayout
 from static_keras.index.static_index import StaticIndex
+from static_keras.layers import eligibility_step
 from static_keras.layers import gather
 from static_keras.layers.automaton_constraint import AutomatonConstraint
 
@@ -55,6 +56,12 @@ class ConstrainedDecoding(AutomatonConstraint):
         vocab_size, length, dense_levels, level_sizes, step_widths,
         has_item_ids: the index layout (see `IndexLayout`). Taken from
             `index` when it is given; if given too they must match it.
+        eligibility: `EligibilitySets` or None. Sets a request can be
+            restricted to (`candidates(..., eligibility=...)`); refresh them
+            in place with `set_eligibility`.
+        eligibility_sets, eligibility_names: int and list of str: how many
+            sets the layer holds and their names (from `eligibility` when
+            given; what the config keeps). 0 (the default) adds no weights.
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
@@ -246,6 +253,54 @@ class ConstrainedDecoding(AutomatonConstraint):
             start = ops.where(branching, row_start, start)
             count = ops.where(branching, row_count, count)
         return ops.where(inner, start, 0), ops.where(inner, count, 0)
+
+    def _member_range_shapes(self):
+        layout = self.layout
+        d = layout.dense_levels
+        size = layout.dense_head_states + layout.vocab_size**d + d + 1 if d else 1
+        return {"dense_boundaries": (size,)}
+
+    def _member_range_arrays(self, index):
+        if not self.num_eligibility_sets:
+            return {}
+        return {
+            "dense_boundaries": eligibility_step.dense_boundary_table(self.layout, index.arrays)
+        }
+
+    def _member_ranges(self, states, depth):
+        return eligibility_step.tree_member_ranges(
+            self.layout,
+            self.index_weights["indptr"],
+            self.member_range_weights["dense_boundaries"],
+            states,
+            depth,
+        )
+
+    def _dense_keep(self, states, step, eligibility):
+        """The V codes below a dense-head state are consecutive, so their
+        ranges are V + 1 consecutive entries of the boundary table."""
+        layout = self.layout
+        vocab = layout.vocab_size
+        offsets = eligibility_step.dense_boundary_offsets(layout)
+        if step is not None:
+            valid = ops.greater(states, INVALID_STATE)
+            code = ops.where(valid, states - layout.dense_mask_offsets[step], 0)
+            base = offsets[step + 1] + code * vocab
+        else:
+            safe = ops.where(self._in_dense_head(states), states, 0)
+            depth = self._depth(safe)
+            starts = ops.convert_to_tensor(self._depth_tables["depth_start"], "int32")
+            code = safe - gather.take(starts, depth)
+            base = gather.take(ops.convert_to_tensor(offsets, "int32"), depth + 1) + code * vocab
+        positions = base[:, None] + ops.arange(vocab + 1, dtype="int32")[None, :]
+        boundaries = gather.take(self.member_range_weights["dense_boundaries"], positions)
+        return eligibility_step.dense_keep_mask(
+            self.eligibility_weights["eligibility_words"],
+            self.eligibility_weights["eligibility_directory"],
+            layout.num_members,
+            eligibility,
+            boundaries,
+        )
 
     def _edge_targets(self, edges):
         # Tree numbering: edge k leads to tail state n_d + k.

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 from keras import ops
 
 from static_keras.api_export import static_keras_export
 from static_keras.constants import INVALID_STATE
+from static_keras.layers import eligibility_step
 from static_keras.layers import gather
 from static_keras.layers.automaton_constraint import AutomatonConstraint
 from static_keras.strings.layout import StringIndexLayout
@@ -48,6 +50,11 @@ class StringConstrainedDecoding(AutomatonConstraint):
         vocab_size, length, eos_token_id, num_states, num_edges, num_members,
         step_widths, max_width: the layout (see `StringIndexLayout`); taken
             from `index` when it is given.
+        eligibility, eligibility_sets, eligibility_names: eligibility sets
+            a request can be restricted to, as in `ConstrainedDecoding`. Exact
+            when `index.member_ranges_exact` (a vocabulary with every single
+            byte); otherwise a state's range may cover an eligible member that
+            is not reachable from it.
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
@@ -126,3 +133,18 @@ class StringConstrainedDecoding(AutomatonConstraint):
 
     def _edge_targets(self, edges):
         return ops.cast(gather.take(self.index_weights["next_states"], edges), "int32")
+
+    def _member_range_shapes(self):
+        return {"member_lo": (self.layout.num_states,), "member_hi": (self.layout.num_states,)}
+
+    def _member_range_arrays(self, index):
+        if not self.num_eligibility_sets:
+            return {}
+        lo, hi = index.member_ranges(np.arange(self.layout.num_states))
+        return {"member_lo": lo.astype(np.int32), "member_hi": hi.astype(np.int32)}
+
+    def _member_ranges(self, states, depth):
+        weights = self.member_range_weights
+        return eligibility_step.string_member_ranges(
+            weights["member_lo"], weights["member_hi"], states
+        )
