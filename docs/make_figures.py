@@ -1,4 +1,4 @@
-"""Draws docs/img/index_layout.png and docs/img/decoding_step.png from a real index.
+"""Draws docs/img/index_layout.png, decoding_step.png and eligibility.png from a real index.
 
 python docs/make_figures.py
 """
@@ -13,6 +13,7 @@ import numpy as np  # noqa: E402
 
 from static_keras import ConstrainedDecoding  # noqa: E402
 from static_keras import StaticIndex  # noqa: E402
+from static_keras.index.eligibility import EligibilitySets  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "img")
 SEQUENCES = [[0, 1, 2], [0, 1, 3], [0, 3, 1], [1, 0, 0], [1, 2, 2], [1, 2, 3], [3, 3, 0]]
@@ -93,9 +94,66 @@ def decoding_step(index: StaticIndex) -> None:
     plt.close(figure)
 
 
+def eligibility(index: StaticIndex) -> None:
+    """The trie with each state's member range, one set's bits and its rank
+    directory, and the enterable test of each state for one request."""
+    item_ids = index.lookup_item_ids(SEQUENCES)  # member m is SEQUENCES[m] (sorted)
+    sets = EligibilitySets.build(index, {"region": item_ids[[1, 2, 5]]})
+    excluded = sets.catalogue.exclusion_members([[item_ids[5]]])
+    prefixes = [()] + sorted({tuple(s[:t]) for s in SEQUENCES for t in range(1, 4)})
+    states = np.array([index.walk([list(p)])[0] for p in prefixes[1:]])
+    lo, hi = index.member_ranges(states)
+    lo, hi = np.r_[0, lo], np.r_[index.num_members, hi]
+    ok = sets.enterable(np.zeros(len(prefixes), np.int64), lo[:, None], hi[:, None],
+                        np.repeat(excluded, len(prefixes), axis=0))[:, 0]  # fmt: skip
+
+    figure, axis = plt.subplots(figsize=(9, 5.6))
+    by_depth = {t: [i for i, p in enumerate(prefixes) if len(p) == t] for t in range(4)}
+    place = {}
+    for t, nodes in by_depth.items():
+        for i in nodes:  # leaves sit over their member number, parents over their range
+            place[i] = ((lo[i] + hi[i]) / 2, 4.6 - 1.1 * t) if t < 3 else (lo[i] + 0.5, 1.3)
+    for i, prefix in enumerate(prefixes):
+        x, y = place[i]
+        if prefix:
+            parent = prefixes.index(prefix[:-1])
+            px, py = place[parent]
+            axis.plot([px, x], [py - 0.15, y + 0.15], color="#889", lw=1)
+            axis.text((px + x) / 2 - 0.1, (py + y) / 2, str(prefix[-1]), fontsize=8,
+                      color="#556", ha="right")  # fmt: skip
+        face = "#dbe9d8" if ok[i] else "#f3d6d6"
+        axis.add_patch(plt.Rectangle((x - 0.42, y - 0.15), 0.84, 0.3, facecolor=face,
+                                     edgecolor="#445"))  # fmt: skip
+        label = f"[{lo[i]},{hi[i]})" if len(prefix) < 3 else f"m{lo[i]}"
+        axis.text(x, y, label, ha="center", va="center", fontsize=7.5, family="monospace")
+    member = np.arange(index.num_members)
+    bits = sets.contains(0, member).astype(int)
+    colors = ["#f6e3c8" if m == excluded[0, 0] else "#eef2f8" for m in member]
+    note = f"word 0 = {int(sets.words[0, 0])}; member {int(excluded[0, 0])} excluded (orange)"
+    _strip(axis, 0.2, bits.tolist(), "set bits", colors=colors, note=note)
+    _strip(axis, -0.8, sets.directory[0].tolist(), "directory",
+           note="eligible members before each 32-bit word (one word here)")  # fmt: skip
+    formula = (
+        "rank(i) = directory[i >> 5] + popcount(word[i >> 5] & ((1 << (i & 31)) - 1))\n"
+        "enterable(s) = rank(hi) - rank(lo) - #{excluded m in [lo, hi), m in set} > 0"
+    )
+    axis.text(0, -1.9, formula, fontsize=8.5, family="monospace", va="center")
+    axis.set_title("Members below each state: one range [lo, hi) of sorted leaves. One set: "
+                   "bits + rank directory.\nRequest: set {m1, m2, m5}, m5 excluded "
+                   "(green: enterable)", fontsize=10)  # fmt: skip
+    axis.set_xlim(-2.2, index.num_members + 6.5)
+    axis.set_ylim(-2.4, 5)
+    axis.axis("off")
+    figure.tight_layout()
+    figure.savefig(os.path.join(OUT, "eligibility.png"), dpi=110)
+    plt.close(figure)
+
+
 if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
     index = StaticIndex.build(SEQUENCES, vocab_size=4, dense_levels=1)
     index_layout(index)
     decoding_step(index)
-    print(f"wrote {OUT}/index_layout.png and {OUT}/decoding_step.png")
+    eligibility(StaticIndex.build(SEQUENCES, vocab_size=4, dense_levels=1,
+                                  item_ids=100 + np.arange(len(SEQUENCES))))  # fmt: skip
+    print(f"wrote {OUT}/index_layout.png, decoding_step.png and eligibility.png")

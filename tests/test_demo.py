@@ -24,6 +24,9 @@ def test_quick_demo_invariants(tmp_path, capfd):
     assert unconstrained["eligible"] < 1.0
     cold = results["cold_start"]
     assert cold["constrained_recall_at_1"] > cold["unconstrained_recall_at_1"]
+    for region in results["regions"]:  # one index: per-request sets and exclusions
+        assert region["constrained_eligible"] == 1.0 and region["constrained_history_hits"] == 0
+        assert region["constrained_results"] == 10 * region["users"]
     swap = results["hot_swap"]
     assert swap["failures"] == 0 and swap["versions"] == [1, 2] and swap["requests"] > 0
     for name in ("report.md", "validity.png", "recall.png", "latency.png"):

@@ -157,10 +157,11 @@ class _NoIndex:
         return scores, tokens, ops.zeros_like(tokens)
 
 
-def _ours(layer, table, batch, beam, per_beam, backend, floor=False):
+def _ours(layer, table, batch, beam, per_beam, backend, floor=False, eligibility=None):
     """`{mode: call}` of our decode with the same logits (`layer`: the
     `ConstrainedDecoding` holding the index, built once); `floor=True`: the
-    same search through `_NoIndex` (no index read)."""
+    same search through `_NoIndex` (no index read); `eligibility`: passed to
+    `beam_search` (`benchmarks/decoding/eligibility_step.py`)."""
     from keras import ops
 
     from static_keras import beam_search
@@ -175,7 +176,9 @@ def _ours(layer, table, batch, beam, per_beam, backend, floor=False):
             return ops.take(table_tensor, code, axis=0), state
 
         constraint = _NoIndex(layer).constraint if floor else layer
-        return beam_search(constraint, step_fn, batch, beam, dense_top_k=per_beam)["tokens"]
+        return beam_search(
+            constraint, step_fn, batch, beam, dense_top_k=per_beam, eligibility=eligibility
+        )["tokens"]
 
     if backend == "jax":
         import jax

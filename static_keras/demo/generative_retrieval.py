@@ -9,7 +9,10 @@
    and time per decoding step.
 5. Cold start: items uploaded after training; constrained to that pool the
    decoder recalls them, unconstrained it practically never does.
-6. Serving: export + publish version 1, query the development server,
+6. Regions and histories: the same model and index serve every region (an
+   eligibility set each) and leave out each user's history (per-request
+   exclusions): every result is in the user's region and none is a repeat.
+7. Serving: export + publish version 1, query the development server,
    publish version 2 with a new freshness window (index-only refresh) while
    requests flow, and check that no request failed and the answers changed.
 """
@@ -27,16 +30,20 @@ import numpy as np
 
 from static_keras.decoding.constrained_beam_search import ConstrainedBeamSearch
 from static_keras.demo.report import write_report
+from static_keras.demo.world import REGIONS
 from static_keras.demo.world import make_users
 from static_keras.demo.world import make_world
+from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.semantic_ids import disambiguate
 from static_keras.index.semantic_ids import fit_residual_kmeans
 from static_keras.index.static_index import StaticIndex
 from static_keras.layers.cached_transformer_decoder import CachedTransformerDecoder
 from static_keras.layers.cached_transformer_decoder import TeacherForcing
+from static_keras.layers.constrained_decoding import ConstrainedDecoding
 from static_keras.metrics.recall_at_k import recall_per_row
 
 HISTORY = 8
+REGION_USERS = 32  # users decoded per region in step 6
 
 
 class DemoFailure(RuntimeError):
@@ -139,8 +146,8 @@ def run_demo(
     train_seconds = time.perf_counter() - train_start
 
     # 4. Decode held-out users ------------------------------------------------------
-    test_histories, test_targets = make_users(world, cfg["test_users"], HISTORY, seed=seed + 2)
-    test_histories = history_tokens(test_histories)
+    test_items, test_targets = make_users(world, cfg["test_users"], HISTORY, seed=seed + 2)
+    test_histories = history_tokens(test_items)
     beam = cfg["beam"]
 
     def search_model(index):
@@ -218,15 +225,20 @@ def run_demo(
              f"{cold_start['unconstrained_recall_at_1']:.1%}, constrained to the pool "
              f"{cold_start['constrained_recall_at_1']:.1%}")  # fmt: skip
 
+    # 6. Regions and histories: one index, per-request sets and exclusions -----------
+    regions = _regions_and_histories(
+        world, catalogue_index, ids[catalogue], decoder, beam, test_histories, test_items, print_fn
+    )
+
     results = dict(
         num_items=world.num_catalogue, length=length, vocab_size=vocab,
         index_bytes=catalogue_index.nbytes, build_ms=build_ms,
         decoder_parameters=int(sum(np.prod(w.shape) for w in decoder.weights)),
         train_seconds=train_seconds, epochs=cfg["epochs"], test_users=cfg["test_users"],
-        beam_size=beam, decoding=rows, cold_start=cold_start,
+        beam_size=beam, decoding=rows, cold_start=cold_start, regions=regions,
     )  # fmt: skip
 
-    # 6. Serve and hot-swap ---------------------------------------------------------
+    # 7. Serve and hot-swap ---------------------------------------------------------
     if serve:
         days = fresh_days[1]
         newer = catalogue[world.days_ago[catalogue] < days]
@@ -240,6 +252,56 @@ def run_demo(
     print_fn(f"\nwrote {', '.join(os.path.join(out_dir, f) for f in files)} "
              f"({results['seconds']:.0f} s in all)")  # fmt: skip
     return results
+
+
+def _regions_and_histories(
+    world, index, catalogue_ids, decoder, beam, histories, history_items, print_fn
+) -> list[dict]:
+    """Decodes `REGION_USERS` users per region in one batch with one layer:
+    each row names its region's eligibility set and excludes its history.
+    Returns per region the share of results in the region and the history
+    hits, with and without the per-request constraints."""
+    in_region = {
+        name: (world.regions[catalogue_ids - 1] >> bit) & 1 == 1 for bit, name in enumerate(REGIONS)
+    }
+    sets = EligibilitySets.build(index, {n: catalogue_ids[m] for n, m in in_region.items()})
+    layer = ConstrainedDecoding(index, eligibility=sets)
+    search = ConstrainedBeamSearch(constraint=layer, decoder=decoder, beam_size=beam,
+                                   num_results=10)  # fmt: skip
+    users = np.arange(len(REGIONS) * REGION_USERS)
+    set_ids = (users // REGION_USERS).astype(np.int32)  # region r: users r*32 ... r*32+31
+    excluded = sets.catalogue.exclusion_members(history_items[users])
+    plain = search(histories[users])["item_ids"]
+    constrained = search(histories[users], set_ids, excluded)["item_ids"]
+    rows = []
+    for region, name in enumerate(REGIONS):
+        row = dict(region=name, users=REGION_USERS)
+        for label, out in (("plain", plain), ("constrained", constrained)):
+            items = np.asarray(out)[set_ids == region]
+            history = history_items[users[set_ids == region]]
+            returned = items >= 0
+            eligible = np.isin(items, catalogue_ids[in_region[name]]) & returned
+            repeats = (items[:, :, None] == history[:, None, :]).any(-1) & returned
+            row[f"{label}_results"] = int(returned.sum())
+            row[f"{label}_eligible"] = float(eligible.sum() / max(returned.sum(), 1))
+            row[f"{label}_history_hits"] = int(repeats.sum())
+        rows.append(row)
+    print_fn(f"\nregions and histories: one index, {len(REGIONS)} eligibility sets "
+             f"({sets.bits_per_member:.2f} bits per member each), {REGION_USERS} users per "
+             f"region, each excluding its {HISTORY}-item history")  # fmt: skip
+    for row in rows:
+        without = f"{row['plain_eligible']:.0%}, {row['plain_history_hits']}"
+        print_fn(f"  {row['region']:<5} in region {row['constrained_eligible']:.0%}, history "
+                 f"hits {row['constrained_history_hits']} (without the per-request "
+                 f"constraints: {without})")  # fmt: skip
+    for row in rows:
+        if (
+            row["constrained_eligible"] != 1.0
+            or row["constrained_history_hits"]
+            or row["constrained_results"] != 10 * REGION_USERS
+        ):
+            raise DemoFailure(f"region {row['region']}: a result outside the region or a repeat")
+    return rows
 
 
 def _serve_and_swap(model, newer_index, histories, fresh_days, newer_ids, print_fn) -> dict:

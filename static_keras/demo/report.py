@@ -38,6 +38,23 @@ def write_report(out_dir: str, results: dict) -> list[str]:
         f"unconstrained {cold['unconstrained_recall_at_1']:.1%}, constrained to the "
         f"cold-start pool {cold['constrained_recall_at_1']:.1%}.",
     ]
+    regions = results.get("regions")
+    if regions:
+        lines += [
+            "",
+            f"Regions and histories (one index, one eligibility set per region, each "
+            f"user's history excluded; {regions[0]['users']} users per region):",
+            "",
+            "| region | results in region | history hits | without the per-request "
+            "constraints: in region, history hits |",
+            "|---|---|---|---|",
+        ]
+        for row in regions:
+            lines.append(
+                f"| {row['region']} | {row['constrained_eligible']:.0%} | "
+                f"{row['constrained_history_hits']} | {row['plain_eligible']:.0%}, "
+                f"{row['plain_history_hits']} |"
+            )
     swap = results.get("hot_swap")
     if swap:
         lines += [
