@@ -7,6 +7,10 @@ core package never imports it.
 from static_keras.export.check import CheckReport
 from static_keras.export.check import SavedModelCheckError
 from static_keras.export.check import check_saved_model
+from static_keras.export.eligibility import ELIGIBLE_SIGNATURE
+from static_keras.export.eligibility import EligibilityRefreshInfo
+from static_keras.export.eligibility import read_eligibility
+from static_keras.export.eligibility import refresh_eligibility
 from static_keras.export.metadata import index_from_layer
 from static_keras.export.metadata import read_metadata
 from static_keras.export.publish import PublishInfo
@@ -18,6 +22,8 @@ from static_keras.export.saved_model import export_saved_model
 
 __all__ = [
     "CheckReport",
+    "ELIGIBLE_SIGNATURE",
+    "EligibilityRefreshInfo",
     "ExportInfo",
     "PublishInfo",
     "SavedModelCheckError",
@@ -26,6 +32,8 @@ __all__ = [
     "index_from_layer",
     "list_versions",
     "publish",
+    "read_eligibility",
     "read_metadata",
+    "refresh_eligibility",
     "replace_index",
 ]

@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from static_keras.export import eligibility as eligible
 from static_keras.export.leftovers import temporary_prefix
 from static_keras.export.metadata import METADATA_FILENAME
 from static_keras.export.metadata import model_metadata
@@ -86,7 +87,9 @@ def context_id_ranges(model: keras.Model) -> dict[str, tuple[int, int]]:
     return {integer[0].name: (0, int(decoder.context_vocab_size))}
 
 
-def _check_ids(name: str, tensor: tf.Tensor, low: int, high: int) -> tf.Tensor:
+def _check_ids(
+    name: str, tensor: tf.Tensor, low: int, high: int, what: str = "the rows of its embedding"
+) -> tf.Tensor:
     """`tensor`, once every id is known to be in [low, high) (else InvalidArgument).
 
     On GPU an out-of-range gather returns zeros and Keras' `take` wraps
@@ -98,7 +101,7 @@ def _check_ids(name: str, tensor: tf.Tensor, low: int, high: int) -> tf.Tensor:
     )
     check = tf.debugging.Assert(
         inside,
-        [f"Input {name!r} holds ids outside [{low}, {high}) (the rows of its embedding); "
+        [f"Input {name!r} holds ids outside [{low}, {high}) ({what}); "
          "smallest and largest:", tf.reduce_min(tensor), tf.reduce_max(tensor)],
     )  # fmt: skip
     with tf.control_dependencies([check]):
@@ -121,8 +124,13 @@ def export_saved_model(
     The model is a functional Keras model whose inputs are the decoder's
     context features (named by their `keras.Input(name=...)`) and whose
     output is a dict of named tensors, e.g. a `ConstrainedBeamSearch`:
-    `{"tokens", "scores", "item_ids"}`. The SavedModel has one signature,
-    `serving_default`, with those names and any batch size. Every variable
+    `{"tokens", "scores", "item_ids"}`. The SavedModel has the signature
+    `serving_default`, with those names and any batch size. When the
+    model's constraint holds eligibility sets it also has `serving_eligible`:
+    the same inputs plus `set_id` int32 `[B]` (-1: no restriction) and
+    `excluded_item_ids` int64 `[B, E]` (-1 padding), see
+    `static_keras.export.eligibility`; the metadata's `eligibility_sets`
+    lists the set names by id. Every variable
     (decoder weights and index tensors) is stored once; index tensors are
     variables, never constants, so the graph stays far below protobuf's 2 GB
     limit and the server does not hold two copies.
@@ -215,6 +223,14 @@ def export_saved_model(
     concrete = serve.get_concrete_function()
     output_names = tuple(sorted(concrete.structured_outputs))
     module.serve = serve
+    signatures = {SIGNATURE: concrete}
+    eligible_search = eligible.eligible_search(model)
+    if eligible_search is not None:
+        function = _eligible_function(model, module, eligible_search, specs, ranges, xla)
+        if function is None:
+            eligible_search = None
+        else:
+            signatures[eligible.ELIGIBLE_SIGNATURE] = function
 
     metadata = model_metadata(model)
     metadata.update(
@@ -227,6 +243,13 @@ def export_saved_model(
             "outputs": list(output_names),
         }
     )
+    if eligible_search is not None:
+        keys = {id(variable): key for key, variable in module.model_variables.items()}
+        weights = eligible_search.constraint.eligibility_weights
+        metadata["eligibility_sets"] = list(eligible_search.constraint.eligibility_names or ())
+        metadata["eligibility"] = eligible.signature_metadata(
+            eligible_search, {name: keys[id(w.value)] for name, w in weights.items()}
+        )
     if extra_metadata:
         metadata.update(extra_metadata)
 
@@ -239,18 +262,26 @@ def export_saved_model(
             json.dump(metadata, file, indent=2, sort_keys=True)
         module.index_metadata = tf.saved_model.Asset(metadata_file)
         target = os.path.join(staging, "model")
-        tf.saved_model.save(module, target, signatures={SIGNATURE: concrete})
+        tf.saved_model.save(module, target, signatures=signatures)
         os.unlink(metadata_file)
         examples = warmup_inputs or {
             s.name: np.full([1, *s.shape[1:]], ranges.get(s.name, (0,))[0], s.dtype.as_numpy_dtype)
             for s in specs
         }
+        more = {}
+        if eligible_search is not None:
+            more[eligible.ELIGIBLE_SIGNATURE] = {
+                **examples,
+                eligible.SET_ID_INPUT: np.zeros([1], np.int32),
+                eligible.EXCLUDED_INPUT: np.full([1, 1], -1, np.int64),
+            }
         write_warmup_requests(
             os.path.join(target, "assets.extra", WARMUP_FILENAME),
             model_name=model_name,
             signature_name=SIGNATURE,
             examples=examples,
             batch_sizes=warmup_batch_sizes,
+            more_signatures=more,
         )
         os.replace(target, path)
     finally:
@@ -266,3 +297,55 @@ def export_saved_model(
         xla=bool(xla),
         seconds=time.perf_counter() - start,
     )
+
+
+def _eligible_function(model, module, search, specs, ranges, xla):
+    """The `serving_eligible` concrete function: `serving_default`'s inputs
+    plus per-row set ids and excluded item ids (checked, then mapped to
+    members outside any XLA cluster); None when the model already passes the
+    search its own set ids (they are inputs of `serving_default`)."""
+    constraint = search.constraint
+    num_sets = constraint.num_eligibility_sets
+    num_members = constraint.layout.num_members
+    tables = eligible.exclusion_tables(constraint)
+    ids, members = tables[eligible.TABLE_IDS], tables[eligible.TABLE_MEMBERS]
+    input_names = [spec.name for spec in specs]
+    for name in (eligible.SET_ID_INPUT, eligible.EXCLUDED_INPUT):
+        if name in input_names:
+            raise ValueError(f"Model input {name!r} clashes with the eligible signature's")
+    eligible_specs = [
+        *specs,
+        tf.TensorSpec([None], tf.int32, name=eligible.SET_ID_INPUT),
+        tf.TensorSpec([None, None], tf.int64, name=eligible.EXCLUDED_INPUT),
+    ]
+
+    @tf.function(jit_compile=xla or None)
+    def run_model(set_ids, excluded, *inputs):
+        with search.request_eligibility(set_ids, excluded) as used:
+            outputs = model(dict(zip(input_names, inputs)) if len(inputs) > 1 else inputs[0])
+        taken.extend(used)
+        return dict(outputs)
+
+    @tf.function(input_signature=eligible_specs)
+    def serve_eligible(*inputs):
+        *context, set_ids, excluded_ids = inputs
+        checked = [
+            _check_ids(name, tensor, *ranges[name]) if name in ranges else tensor
+            for name, tensor in zip(input_names, context)
+        ]
+        batch = tf.shape(context[0])[0]
+        set_ids = _check_ids(
+            eligible.SET_ID_INPUT, set_ids, -1, num_sets, "-1: no set, else a set id"
+        )
+        set_ids = eligible.check_batch(eligible.SET_ID_INPUT, set_ids, batch)
+        excluded_ids = eligible.check_batch(eligible.EXCLUDED_INPUT, excluded_ids, batch)
+        excluded = eligible.excluded_members(excluded_ids, ids, members, num_members)
+        return run_model(set_ids, excluded, *checked)
+
+    taken = []
+    concrete = serve_eligible.get_concrete_function()
+    if not taken:
+        return None  # the model feeds the search its own set ids (model inputs)
+    setattr(module, eligible.TABLES_ATTRIBUTE, tables)
+    module.serve_eligible = serve_eligible
+    return concrete

@@ -23,20 +23,26 @@ def write_warmup_requests(
     signature_name: str,
     examples: dict[str, np.ndarray],
     batch_sizes,
+    more_signatures: dict[str, dict[str, np.ndarray]] | None = None,
 ) -> int:
-    """Writes one PredictRequest per batch size (rows tiled from `examples`)."""
+    """Writes one PredictRequest per batch size (rows tiled from `examples`),
+    and as many for each of `more_signatures` ({signature: examples})."""
     from tensorflow_serving.apis import model_pb2
     from tensorflow_serving.apis import predict_pb2
     from tensorflow_serving.apis import prediction_log_pb2
 
     batch_sizes = [int(b) for b in batch_sizes]
-    if not batch_sizes or len(batch_sizes) > MAX_WARMUP_RECORDS or min(batch_sizes) < 1:
+    plan = [(signature_name, examples), *(more_signatures or {}).items()]
+    if not batch_sizes or len(batch_sizes) * len(plan) > MAX_WARMUP_RECORDS or min(batch_sizes) < 1:
         raise ValueError(
-            f"Warmup needs 1 to {MAX_WARMUP_RECORDS} positive batch sizes. Received: {batch_sizes}"
+            f"Warmup needs positive batch sizes, 1 to {MAX_WARMUP_RECORDS} records in all "
+            f"({len(plan)} signatures). Received: {batch_sizes}"
         )
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with tf.io.TFRecordWriter(path) as writer:
-        for batch_size in batch_sizes:
+        for (signature_name, examples), batch_size in (
+            (entry, size) for entry in plan for size in batch_sizes
+        ):
             request = predict_pb2.PredictRequest(
                 model_spec=model_pb2.ModelSpec(name=model_name, signature_name=signature_name)
             )
@@ -48,7 +54,7 @@ def write_warmup_requests(
                 predict_log=prediction_log_pb2.PredictLog(request=request)
             )
             writer.write(log.SerializeToString())
-    return len(batch_sizes)
+    return len(batch_sizes) * len(plan)
 
 
 def read_warmup_requests(path: str) -> list:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import keras
 from keras import ops
 
@@ -150,7 +152,32 @@ class ConstrainedBeamSearch(keras.layers.Layer):
     def build(self, input_shape=None):
         self.built = True
 
+    @contextlib.contextmanager
+    def request_eligibility(self, set_ids, excluded):
+        """Within this block, a call given neither `set_ids` nor `excluded`
+        uses these; yields a list that such a call appends to.
+
+        A functional model calls the search with its context only; the
+        eligible serving signature (`export_saved_model`) feeds each
+        request's set ids and excluded members through here while it traces
+        the same model, so the model needs no extra inputs. The list tells
+        the caller whether the model's call took them (a model that passes
+        its own `set_ids` does not).
+        """
+        previous = getattr(self, "_request_eligibility", None)
+        used = []
+        # Untracked: symbolic tensors of one trace, not layer state.
+        object.__setattr__(self, "_request_eligibility", (set_ids, excluded, used))
+        try:
+            yield used
+        finally:
+            object.__setattr__(self, "_request_eligibility", previous)
+
     def call(self, context, set_ids=None, excluded=None):
+        request = getattr(self, "_request_eligibility", None)
+        if set_ids is None and excluded is None and request is not None:
+            set_ids, excluded, used = request
+            used.append(True)
         repeated = keras.tree.map_structure(
             lambda x: ops.repeat(x, self.beam_size, axis=0), context
         )

@@ -1,0 +1,324 @@
+"""Per-request eligibility in a served model, and eligibility-only refresh.
+
+A model whose constraint layer holds eligibility sets gets a second
+signature, `serving_eligible`: the context inputs of `serving_default` plus
+
+- `set_id` int32 `[B]`: the eligibility set of each row (-1: no restriction);
+- `excluded_item_ids` int64 `[B, E]`: catalogue item ids the row must not
+  return (-1 padding; any E, ids outside the catalogue are ignored).
+
+TF Serving signatures have no optional inputs, so `serving_default` stays
+exactly as it was (clients that never restrict see no change). The graph maps
+the item ids to member numbers itself (a sorted item-id table held as two
+variables and a binary search) and checks the set ids, so a client sends the
+same item ids the business rules speak in.
+
+`refresh_eligibility` publishes a new version of a served model where only
+the eligibility variables differ: the graph, the decoder and index weights and
+the warmup records are copied, the checkpoint is rewritten with the new set
+bits, and the version is checked and renamed into place like `publish`. That
+is seconds where a re-export retraces the whole model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import shutil
+import time
+import uuid
+from typing import Mapping
+
+import numpy as np
+import tensorflow as tf
+
+from static_keras.export.check import check_saved_model
+from static_keras.export.leftovers import DEFAULT_STALE_AFTER_SECONDS
+from static_keras.export.leftovers import remove_leftovers
+from static_keras.export.leftovers import temporary_prefix
+from static_keras.export.metadata import METADATA_FILENAME
+from static_keras.export.metadata import read_metadata
+from static_keras.export.model_layers import beam_searches
+from static_keras.index.eligibility import EligibilitySets
+from static_keras.index.member_catalogue import MemberCatalogue
+
+ELIGIBLE_SIGNATURE = "serving_eligible"
+SET_ID_INPUT = "set_id"
+EXCLUDED_INPUT = "excluded_item_ids"
+#: The exclusion tables on the serving module: `module.<attribute>[name]`.
+TABLES_ATTRIBUTE = "eligibility_tables"
+TABLE_IDS = "eligibility_sorted_item_ids"
+TABLE_MEMBERS = "eligibility_sorted_members"
+_CHECKPOINT_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def eligible_search(model):
+    """The model's `ConstrainedBeamSearch` whose constraint holds eligibility
+    sets, or None (no sets: no eligible signature)."""
+    found = [
+        search
+        for search in beam_searches(model)
+        if search.constraint is not None and search.constraint.num_eligibility_sets
+    ]
+    if len(found) > 1:
+        raise ValueError(
+            f"The model holds {len(found)} searches with eligibility sets; an eligible "
+            "signature needs exactly one"
+        )
+    return found[0] if found else None
+
+
+def member_item_ids(constraint) -> np.ndarray:
+    """int64 `[num_members]`: the item id of each member of the layer's index."""
+    if not constraint.has_item_ids:
+        return np.arange(constraint.layout.num_members, dtype=np.int64)
+    arrays = constraint.index_arrays()
+    return arrays[constraint.layout.member_ids_array].astype(np.int64)
+
+
+def exclusion_tables(constraint) -> dict[str, tf.Variable]:
+    """Sorted item ids and their members, as variables (never graph constants)."""
+    ids = member_item_ids(constraint)
+    order = np.argsort(ids, kind="stable")
+    return {
+        TABLE_IDS: tf.Variable(ids[order], trainable=False, name=TABLE_IDS),
+        TABLE_MEMBERS: tf.Variable(order.astype(np.int32), trainable=False, name=TABLE_MEMBERS),
+    }
+
+
+def excluded_members(item_ids, sorted_ids, sorted_members, num_members: int) -> tf.Tensor:
+    """int32 `[B, E]`: each row's excluded members, sorted, repeats and ids
+    outside the catalogue replaced by `num_members` (the padding the decode
+    step expects: it subtracts each excluded member once).
+
+    An item id that names several members (an index built with duplicate
+    ids) excludes the first of them.
+    """
+    ids = tf.cast(item_ids, tf.int64)
+    flat = tf.reshape(ids, [1, -1])
+    position = tf.searchsorted(sorted_ids[None], flat, side="left")
+    position = tf.minimum(position, tf.shape(sorted_ids, out_type=position.dtype)[0] - 1)
+    found = (tf.gather(sorted_ids, position) == flat) & (flat >= 0)
+    members = tf.where(found, tf.gather(sorted_members, position), num_members)
+    members = tf.sort(tf.reshape(members, tf.shape(ids)), axis=-1)
+    previous = tf.concat([tf.fill(tf.shape(members[:, :1]), -1), members], axis=1)[:, :-1]
+    return tf.where(members == previous, num_members, members)
+
+
+def check_batch(name: str, tensor: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
+    """`tensor`, once its leading dimension is known to be `batch`."""
+    check = tf.debugging.Assert(
+        tf.equal(tf.shape(tensor)[0], batch),
+        [f"Input {name!r} must have one row per request row; rows:", tf.shape(tensor)[0],
+         "expected:", batch],
+    )  # fmt: skip
+    with tf.control_dependencies([check]):
+        return tf.identity(tensor)
+
+
+def signature_metadata(search, variable_keys: Mapping[str, str]) -> dict:
+    """What `refresh_eligibility` needs to find and check the set variables."""
+    constraint = search.constraint
+    catalogue = MemberCatalogue(member_item_ids(constraint), constraint.layout.num_members)
+    return {
+        "signature": ELIGIBLE_SIGNATURE,
+        "inputs": [SET_ID_INPUT, EXCLUDED_INPUT],
+        "num_members": catalogue.num_members,
+        "catalogue_fingerprint": catalogue.fingerprint,
+        "variables": dict(variable_keys),
+    }
+
+
+# Refresh ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class EligibilityRefreshInfo:
+    """What `refresh_eligibility` wrote."""
+
+    version: int
+    path: str
+    source_version: int
+    sizes: dict
+    removed_versions: tuple[int, ...]
+    rejected_versions: tuple[int, ...]
+    seconds: float
+
+
+def _checkpoint_key(*path: str) -> str:
+    """The checkpoint key of `module.<path>` (TF escapes "." and "/" in names)."""
+    escaped = (part.replace(".", "..").replace("/", ".S") for part in path)
+    return "/".join(escaped) + _CHECKPOINT_SUFFIX
+
+
+def read_eligibility(saved_model_dir: str | os.PathLike) -> EligibilitySets:
+    """The eligibility sets an exported version holds (from its checkpoint)."""
+    path = os.fspath(saved_model_dir)
+    metadata = read_metadata(path)
+    info = metadata.get("eligibility")
+    if not info:
+        raise ValueError(
+            f"{path!r} holds no eligibility sets (export a model whose constraint was "
+            "built with `eligibility=`)"
+        )
+    reader = tf.train.load_checkpoint(os.path.join(path, "variables", "variables"))
+    ids = reader.get_tensor(_checkpoint_key(TABLES_ATTRIBUTE, TABLE_IDS))
+    members = reader.get_tensor(_checkpoint_key(TABLES_ATTRIBUTE, TABLE_MEMBERS))
+    item_ids = np.empty(info["num_members"], np.int64)
+    item_ids[members] = ids
+    catalogue = MemberCatalogue(item_ids, info["num_members"])
+    if catalogue.fingerprint != info["catalogue_fingerprint"]:
+        raise ValueError(f"{path!r}: the exclusion table does not match its metadata")
+    keys = info["variables"]
+    words, directory = (
+        reader.get_tensor(_checkpoint_key("model_variables", keys[name])).view(np.uint32)
+        for name in ("eligibility_words", "eligibility_directory")
+    )
+    return EligibilitySets(metadata["eligibility_sets"], words, directory, catalogue)
+
+
+def refresh_eligibility(
+    model_base_path: str | os.PathLike,
+    eligibility_sets,
+    *,
+    source_version: int | None = None,
+    version: int | None = None,
+    keep: int | None = 3,
+    check: bool = True,
+    stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+) -> EligibilityRefreshInfo:
+    """Publishes a new version whose only change is the eligibility sets.
+
+    Args:
+        model_base_path: the directory TF Serving polls (versions `1`, `2`, ...).
+        eligibility_sets: an `EligibilitySets` over the served index (same
+            names, same catalogue), or `{name: item ids}` for the sets to
+            rebuild (the others keep their current members).
+        source_version: the version to copy; defaults to the newest.
+        version: the new version number; defaults to the newest + 1.
+        keep, check, stale_after_seconds: as in `publish`.
+
+    Returns:
+        `EligibilityRefreshInfo`.
+    """
+    # Imported here: publish imports the export, and `static_keras.export.publish`
+    # names the function once the package is imported.
+    publish_module = importlib.import_module("static_keras.export.publish")
+
+    start = time.perf_counter()
+    base = os.fspath(model_base_path)
+    existing = publish_module.list_versions(base)
+    if not existing:
+        raise ValueError(f"No versions under {base!r} to refresh")
+    if source_version is None:
+        source_version = existing[-1]
+    if source_version not in existing:
+        raise ValueError(f"No version {source_version} under {base!r} (versions: {existing})")
+    if version is None:
+        version = existing[-1] + 1
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"`version` must be a positive integer. Received: version={version!r}")
+    if keep is not None and (not isinstance(keep, int) or keep < 1):
+        raise ValueError(f"`keep` must be a positive integer or None. Received: keep={keep!r}")
+    target = os.path.join(base, str(version))
+    if os.path.exists(target):
+        raise ValueError(f"Version {version} already exists at {target!r}; versions are immutable")
+
+    source = os.path.join(base, str(source_version))
+    metadata = read_metadata(source)
+    current = read_eligibility(source)
+    sets = _new_sets(current, eligibility_sets)
+    remove_leftovers(base, stale_after_seconds=stale_after_seconds)
+
+    staging = os.path.join(base, temporary_prefix(str(version)) + uuid.uuid4().hex)
+    xla = bool(metadata.get("xla"))
+    try:
+        shutil.copytree(source, staging)
+        _rewrite_checkpoint(staging, metadata["eligibility"]["variables"], sets)
+        metadata["eligibility_refresh"] = {
+            "source_version": source_version,
+            "refreshed_unix": time.time(),
+            "sizes": sets.sizes(),
+        }
+        metadata_file = os.path.join(staging, "assets", METADATA_FILENAME)
+        with open(metadata_file, "w") as file:
+            json.dump(metadata, file, indent=2, sort_keys=True)
+        if check:
+            check_saved_model(staging, xla_enabled=xla)
+            error = publish_module._load_error(staging, version, xla)
+            if error:
+                raise ValueError(f"The refreshed version fails to load or warm up: {error}")
+        fingerprint = publish_module._fingerprint(staging)
+        publish_module._fsync_tree(staging)
+        os.rename(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    publish_module._fsync_dir(base)
+
+    removed, rejected = [], []
+    if keep is not None:
+        known = {version: fingerprint} if check else {}
+        removed, rejected = publish_module._prune(base, keep, xla, known)
+    return EligibilityRefreshInfo(
+        version=version,
+        path=target,
+        source_version=source_version,
+        sizes=sets.sizes(),
+        removed_versions=tuple(removed),
+        rejected_versions=tuple(rejected),
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _new_sets(current: EligibilitySets, eligibility_sets) -> EligibilitySets:
+    if isinstance(eligibility_sets, EligibilitySets):
+        if eligibility_sets.names != current.names:
+            raise ValueError(
+                f"The served version has sets {list(current.names)}; the new sets are "
+                f"{list(eligibility_sets.names)} (names and order must match)"
+            )
+        if eligibility_sets.catalogue.fingerprint != current.catalogue.fingerprint:
+            raise ValueError(
+                "The new sets are over another catalogue (member -> item id map) than "
+                "the served index: build them over the served index"
+            )
+        return eligibility_sets
+    if not isinstance(eligibility_sets, Mapping) or not eligibility_sets:
+        raise ValueError(
+            "`eligibility_sets` must be an EligibilitySets or a non-empty mapping "
+            f"{{name: item ids}}. Received: {type(eligibility_sets).__name__}"
+        )
+    sets = current
+    for name, item_ids in eligibility_sets.items():
+        sets = sets.replace(name, item_ids)  # ValueError names an unknown set
+    return sets
+
+
+def _rewrite_checkpoint(saved_model_dir: str, keys: Mapping[str, str], sets) -> None:
+    """Rewrites the version's checkpoint: every tensor as it was (the object
+    graph included) except the eligibility words and directory."""
+    prefix = os.path.join(saved_model_dir, "variables", "variables")
+    reader = tf.train.load_checkpoint(prefix)
+    replaced = {
+        _checkpoint_key("model_variables", keys[name]): array
+        for name, array in sets.device_arrays().items()
+    }
+    names = sorted(reader.get_variable_to_dtype_map())
+    tensors = []
+    for name in names:
+        value = replaced.get(name)
+        if value is None:
+            value = reader.get_tensor(name)
+        else:
+            old_shape = tuple(reader.get_variable_to_shape_map()[name])
+            if old_shape != value.shape:
+                raise ValueError(f"{name}: the new sets have shape {value.shape}, not {old_shape}")
+        tensors.append(tf.constant(value))
+    del reader
+    for entry in os.listdir(os.path.dirname(prefix)):
+        os.unlink(os.path.join(os.path.dirname(prefix), entry))
+    tf.raw_ops.SaveV2(
+        prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors
+    )

@@ -1,0 +1,281 @@
+"""Per-request eligibility in the SavedModel and eligibility-only refreshes.
+
+- `serving_eligible` answers exactly what the Keras search answers with the
+  same set ids and exclusions (item ids mapped to members in the graph),
+  `serving_default` is unchanged, bad set ids / dtypes are INVALID_ARGUMENT;
+- `refresh_eligibility` writes a new version whose only change is the set
+  variables (graph byte-identical, every other tensor value-identical);
+- refreshes under load on the development server: no failed request, and
+  every answer is eligible under the version that answered it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import CONTEXT_VOCAB
+from conftest import HISTORY
+from conftest import histories
+from conftest import make_index
+
+from static_keras import CachedTransformerDecoder
+from static_keras import ConstrainedBeamSearch
+from static_keras import ConstrainedDecoding
+from static_keras.export import ELIGIBLE_SIGNATURE
+from static_keras.export import export_saved_model
+from static_keras.export import publish
+from static_keras.export import read_eligibility
+from static_keras.export import read_metadata
+from static_keras.export import refresh_eligibility
+from static_keras.index.eligibility import EligibilitySets
+from static_keras.index.eligibility import MemberCatalogue
+from static_keras.serving import GrpcClient
+from static_keras.serving import ServedModel
+from static_keras.serving import ServingError
+from static_keras.serving.dev_server import DevServer
+from static_keras.serving.servable import load_servable
+from static_keras.serving.status import ServingFailure
+
+NAMES = ("in_stock", "fr")
+
+
+def _sets(index, seed: int) -> EligibilitySets:
+    ids = MemberCatalogue.from_index(index).item_ids
+    rng = np.random.default_rng(seed)
+    return EligibilitySets.build(
+        index, {name: rng.choice(ids, size=len(ids) // 3, replace=False) for name in NAMES}
+    )
+
+
+@pytest.fixture(scope="module")
+def eligible_model():
+    index = make_index(1)
+    keras.utils.set_random_seed(0)
+    decoder = CachedTransformerDecoder(
+        index.vocab_size, index.length, context_vocab_size=CONTEXT_VOCAB, hidden_dim=16
+    )
+    layer = ConstrainedDecoding(index, eligibility=_sets(index, 0), name="constraint")
+    search = ConstrainedBeamSearch(constraint=layer, decoder=decoder, beam_size=4)
+    history = keras.Input((HISTORY,), dtype="int32", name="history")
+    return index, search, keras.Model(history, search(history))
+
+
+def _request(index, batch: int, seed: int):
+    """Histories, set ids (-1 included) and excluded item ids (repeats, ids
+    outside the catalogue and -1 padding included)."""
+    rng = np.random.default_rng(seed)
+    ids = MemberCatalogue.from_index(index).item_ids
+    set_ids = rng.integers(-1, len(NAMES), batch).astype(np.int32)
+    excluded = rng.choice(ids, (batch, 6)).astype(np.int64)
+    excluded[:, 0] = excluded[:, 1]  # a repeat
+    excluded[:, 2] = 99_999_999  # not in the catalogue
+    excluded[:, -1] = -1
+    return histories(batch, seed), set_ids, excluded
+
+
+def _eligible_ids(sets: EligibilitySets, set_id: int, excluded) -> set:
+    ids = sets.catalogue.item_ids
+    allowed = np.ones(len(ids), bool) if set_id < 0 else sets.contains(set_id, np.arange(len(ids)))
+    return set(ids[allowed].tolist()) - set(np.asarray(excluded).tolist())
+
+
+def _assert_eligible(item_ids, sets, set_ids, excluded):
+    for row, items in enumerate(np.asarray(item_ids)):
+        found = set(items[items >= 0].tolist())
+        assert found <= _eligible_ids(sets, int(set_ids[row]), excluded[row])
+
+
+def test_eligible_signature_answers_like_the_keras_search(eligible_model, tmp_path):
+    index, search, model = eligible_model
+    path = tmp_path / "model"
+    export_saved_model(model, path, warmup_batch_sizes=(1, 3))
+    metadata = read_metadata(path)
+    assert metadata["eligibility_sets"] == list(NAMES)
+    assert metadata["eligibility"]["signature"] == ELIGIBLE_SIGNATURE
+    loaded = tf.saved_model.load(str(path))
+    assert set(loaded.signatures) == {"serving_default", ELIGIBLE_SIGNATURE}
+    default_inputs = loaded.signatures["serving_default"].structured_input_signature[1]
+    assert set(default_inputs) == {"history"}
+
+    context, set_ids, excluded = _request(index, 8, seed=3)
+    members = MemberCatalogue.from_index(index).exclusion_members(excluded)
+    expected = search(context, set_ids, members)
+    answer = loaded.signatures[ELIGIBLE_SIGNATURE](
+        history=tf.constant(context), set_id=tf.constant(set_ids), excluded_item_ids=excluded
+    )
+    for key in ("tokens", "scores", "item_ids"):
+        np.testing.assert_allclose(answer[key].numpy(), np.asarray(expected[key]), rtol=1e-5)
+    _assert_eligible(answer["item_ids"].numpy(), read_eligibility(path), set_ids, excluded)
+    plain = loaded.signatures["serving_default"](history=tf.constant(context))
+    np.testing.assert_array_equal(plain["item_ids"].numpy(), np.asarray(model(context)["item_ids"]))
+
+    # Any exclusion width, and no exclusions at all.
+    wide = np.full((8, 40), -1, np.int64)
+    wide[:, :6] = excluded
+    again = loaded.signatures[ELIGIBLE_SIGNATURE](
+        history=tf.constant(context), set_id=tf.constant(set_ids), excluded_item_ids=wide
+    )
+    np.testing.assert_array_equal(again["item_ids"], answer["item_ids"])
+    unrestricted = loaded.signatures[ELIGIBLE_SIGNATURE](
+        history=tf.constant(context),
+        set_id=tf.fill([8], -1),
+        excluded_item_ids=tf.zeros([8, 0], tf.int64),
+    )
+    np.testing.assert_array_equal(unrestricted["item_ids"], plain["item_ids"])
+
+
+def test_xla_eligible_signature_answers_like_the_plain_one(eligible_model, tmp_path):
+    index, search, model = eligible_model
+    export_saved_model(model, tmp_path / "xla", xla=True, warmup_batch_sizes=(2,))
+    servable = load_servable(tmp_path / "xla", 1, xla_enabled=True)  # replays the warmup
+    context, set_ids, excluded = _request(index, 5, seed=6)
+    inputs = {"history": context, "set_id": set_ids, "excluded_item_ids": excluded}
+    members = MemberCatalogue.from_index(index).exclusion_members(excluded)
+    expected = search(context, set_ids, members)
+    answer = servable.run(ELIGIBLE_SIGNATURE, inputs)
+    np.testing.assert_array_equal(answer["item_ids"], np.asarray(expected["item_ids"]))
+    with pytest.raises(ServingFailure, match=r"set_id.{1,3}holds ids outside"):
+        servable.run(ELIGIBLE_SIGNATURE, {**inputs, "set_id": np.full(5, 9, np.int32)})
+
+
+def test_a_model_with_its_own_eligibility_inputs_keeps_one_signature(eligible_model, tmp_path):
+    _, search, _ = eligible_model
+    history = keras.Input((HISTORY,), dtype="int32", name="history")
+    set_in = keras.Input((), dtype="int32", name="set_ids")
+    excluded_in = keras.Input((3,), dtype="int32", name="excluded")
+    model = keras.Model([history, set_in, excluded_in], search(history, set_in, excluded_in))
+    export_saved_model(model, tmp_path / "model", warmup_batch_sizes=(1,))
+    assert set(tf.saved_model.load(str(tmp_path / "model")).signatures) == {"serving_default"}
+    assert "eligibility_sets" not in read_metadata(tmp_path / "model")
+
+
+def test_bad_eligibility_inputs_are_invalid_argument(eligible_model, tmp_path):
+    _, _, model = eligible_model
+    base = tmp_path / "recs"
+    publish(model, base, warmup_batch_sizes=(1,))
+    servable = load_servable(base / "1", 1)
+    context = histories(2)
+    good = {"history": context, "set_id": np.array([0, -1], np.int32),
+            "excluded_item_ids": np.full((2, 1), -1, np.int64)}  # fmt: skip
+    assert servable.run(ELIGIBLE_SIGNATURE, good)["item_ids"].shape == (2, 4)
+    for bad, pattern in (
+        ({"set_id": np.array([2, 0], np.int32)}, r"set_id.{1,3}holds ids outside \[-1, 2\)"),
+        ({"set_id": np.array([-2, 0], np.int32)}, r"set_id.{1,3}holds ids outside \[-1, 2\)"),
+        ({"set_id": np.array([0, 0], np.int64)}, r"'set_id'.*int32 but int64"),
+        ({"excluded_item_ids": np.full((2, 1), -1, np.int32)}, r"'excluded_item_ids'.*int64"),
+        (
+            {"excluded_item_ids": np.full((3, 1), -1, np.int64)},
+            r"excluded_item_ids.{1,3}must have one row",
+        ),
+    ):
+        with pytest.raises(ServingFailure, match=pattern) as caught:
+            servable.run(ELIGIBLE_SIGNATURE, {**good, **bad})
+        assert caught.value.code == "INVALID_ARGUMENT"
+
+
+def test_refresh_changes_only_the_eligibility_variables(eligible_model, tmp_path):
+    index, _, model = eligible_model
+    base = tmp_path / "recs"
+    publish(model, base, warmup_batch_sizes=(1, 2))
+    new_sets = _sets(index, 7)
+    info = refresh_eligibility(base, new_sets)
+    assert (info.version, info.source_version) == (2, 1)
+    assert info.sizes == new_sets.sizes()
+    old, new = base / "1", base / "2"
+    assert read_eligibility(new).sizes() == new_sets.sizes()
+    np.testing.assert_array_equal(read_eligibility(new).words, new_sets.words)
+    with open(old / "saved_model.pb", "rb") as a, open(new / "saved_model.pb", "rb") as b:
+        assert a.read() == b.read()
+    old_reader = tf.train.load_checkpoint(str(old / "variables" / "variables"))
+    new_reader = tf.train.load_checkpoint(str(new / "variables" / "variables"))
+    keys = old_reader.get_variable_to_dtype_map()
+    assert set(keys) == set(new_reader.get_variable_to_dtype_map())
+    changed = {
+        key for key in keys
+        if not np.array_equal(old_reader.get_tensor(key), new_reader.get_tensor(key))
+    }  # fmt: skip
+    assert changed and all(
+        "eligibility_words" in k or "eligibility_directory" in k for k in changed
+    )
+    assert read_metadata(new)["eligibility_refresh"]["source_version"] == 1
+
+    context, set_ids, excluded = _request(index, 6, seed=4)
+    inputs = {"history": context, "set_id": set_ids, "excluded_item_ids": excluded}
+    for version, sets in ((1, read_eligibility(old)), (2, new_sets)):
+        answer = load_servable(base / str(version), version).run(ELIGIBLE_SIGNATURE, inputs)
+        _assert_eligible(answer["item_ids"], sets, set_ids, excluded)
+
+    # A mapping rebuilds the named sets only; unknown names and other
+    # catalogues are refused before anything is written.
+    ids = MemberCatalogue.from_index(index).item_ids
+    info = refresh_eligibility(base, {"fr": ids[:5]}, keep=2)
+    refreshed = read_eligibility(info.path)
+    assert refreshed.sizes() == {"in_stock": new_sets.sizes()["in_stock"], "fr": 5}
+    assert info.removed_versions == (1,)
+    with pytest.raises(ValueError, match="No eligibility set 'de'"):
+        refresh_eligibility(base, {"de": ids[:5]})
+    with pytest.raises(ValueError, match="another catalogue"):
+        refresh_eligibility(base, _sets(make_index(2), 0))
+    assert sorted(os.listdir(base)) == [".static_keras_versions.json", "2", "3"]
+
+
+def test_refresh_needs_eligibility_sets(small_model, tmp_path):
+    _, model = small_model
+    base = tmp_path / "recs"
+    publish(model, base, warmup_batch_sizes=(1,))
+    assert "eligibility_sets" not in read_metadata(base / "1")
+    with pytest.raises(ValueError, match="holds no eligibility sets"):
+        refresh_eligibility(base, {"in_stock": [1]})
+    with pytest.raises(ValueError, match="No versions"):
+        refresh_eligibility(tmp_path / "empty", {"in_stock": [1]})
+
+
+@pytest.mark.slow
+def test_served_refreshes_under_load(eligible_model, tmp_path):
+    index, _, model = eligible_model
+    base = tmp_path / "recs"
+    publish(model, base, warmup_batch_sizes=(1, 4))
+    sets_by_version = {1: read_eligibility(base / "1")}
+    context, set_ids, excluded = _request(index, 4, seed=5)
+    set_ids[:] = [0, 1, 0, 1]  # every row restricted
+    inputs = {"history": context, "set_id": set_ids, "excluded_item_ids": excluded}
+    answers, failures = [], []
+    stop = threading.Event()
+
+    def load(client):
+        deadline = time.monotonic() + 120
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                answers.append(client.predict("recs", inputs, signature=ELIGIBLE_SIGNATURE))
+            except ServingError as error:
+                failures.append(str(error))
+
+    with DevServer([ServedModel("recs", str(base))], poll_seconds=0.1) as server:
+        with GrpcClient(server.grpc_address, timeout=30) as client:
+            worker = threading.Thread(target=load, args=(client,))
+            worker.start()
+            for version in (2, 3, 4):
+                seen = len(answers)
+                while len(answers) < seen + 3 and worker.is_alive():
+                    time.sleep(0.01)
+                sets = _sets(index, 100 + version)
+                refresh_eligibility(base, sets, keep=None)
+                sets_by_version[version] = sets
+                server.wait_for_version("recs", version)
+            seen = len(answers)
+            while len(answers) < seen + 3 and worker.is_alive():
+                time.sleep(0.01)
+            stop.set()
+            worker.join()
+    assert failures == []
+    versions = [answer["model_version"] for answer in answers]
+    assert versions == sorted(versions) and set(versions) == {1, 2, 3, 4}
+    for answer in answers:
+        _assert_eligible(answer["item_ids"], sets_by_version[answer["model_version"]],
+                         set_ids, excluded)  # fmt: skip
