@@ -266,6 +266,7 @@ _JAX_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # keeps the default run under 15 minutes
 def test_jax_backend_under_jit():
     pytest.importorskip("jax", reason="JAX is an optional backend (pip install .[jax])")
     env = dict(os.environ, KERAS_BACKEND="jax")

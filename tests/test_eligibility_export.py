@@ -130,6 +130,7 @@ def test_eligible_signature_answers_like_the_keras_search(eligible_model, tmp_pa
     np.testing.assert_array_equal(unrestricted["item_ids"], plain["item_ids"])
 
 
+@pytest.mark.slow  # keeps the default run under 15 minutes
 def test_xla_eligible_signature_answers_like_the_plain_one(eligible_model, tmp_path):
     index, search, model = eligible_model
     export_saved_model(model, tmp_path / "xla", xla=True, warmup_batch_sizes=(2,))
@@ -144,6 +145,7 @@ def test_xla_eligible_signature_answers_like_the_plain_one(eligible_model, tmp_p
         servable.run(ELIGIBLE_SIGNATURE, {**inputs, "set_id": np.full(5, 9, np.int32)})
 
 
+@pytest.mark.slow  # keeps the default run under 15 minutes
 def test_a_model_with_its_own_eligibility_inputs_keeps_one_signature(eligible_model, tmp_path):
     _, search, _ = eligible_model
     history = keras.Input((HISTORY,), dtype="int32", name="history")

@@ -125,7 +125,10 @@ def main(argv=None) -> list[dict]:
         assert index.step_widths[2] == width, index.step_widths
         for jit in (False, True):
             row = dict(base, kind="vntk", b_t=width, step=2, xla=jit)
-            row.update(timed(lambda lp, s: layer.candidates(lp, s, 2), jit, states0))
+            # The loop's states are local to depth 2; decoding states number
+            # the dense head first (layout.tail_state_offsets).
+            first = layer.layout.dense_head_states + layer.layout.tail_state_offsets[2]
+            row.update(timed(lambda lp, s: layer.candidates(lp, s + first, 2), jit, states0))
             results.append(row)
             print(_format(row), flush=True)
     # References at the same rows: a dense-head step and the unconstrained top-k.
