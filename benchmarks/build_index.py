@@ -4,7 +4,7 @@ Random semantic IDs as in the STATIC paper (L=8, V=2048, d=2). Each N runs
 in a fresh subprocess so that its peak RSS is its own (input included: the
 IDs are generated inside the measured process, as uint16, before the build).
 
-    python benchmarks/build_index.py --sizes 1e6 1e7 2e7
+    python -m benchmarks.build_index --sizes 1e6 1e7 2e7
 
 Prints a table and writes benchmarks/results/build_index.csv.
 """
@@ -12,16 +12,16 @@ Prints a table and writes benchmarks/results/build_index.csv.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
-import platform
 import resource
-import subprocess
 import sys
 import time
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+from benchmarks.decoding.common import RESULTS_DIR
+from benchmarks.decoding.common import child_main
+from benchmarks.decoding.common import machine_line
+from benchmarks.decoding.common import size_sweep
+from benchmarks.decoding.common import write_csv
 
 
 def _measure(n: int, vocab_size: int, length: int, dense_levels: int, seed: int) -> dict:
@@ -52,40 +52,27 @@ def _measure(n: int, vocab_size: int, length: int, dense_levels: int, seed: int)
     }
 
 
+def _child(config: dict) -> list[dict]:
+    keys = ("n", "vocab_size", "length", "dense_levels", "seed")
+    return [_measure(*(config[key] for key in keys))]
+
+
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if child_main(_child, argv):
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", type=float, default=[1e6, 1e7, 2e7])
     parser.add_argument("--vocab-size", type=int, default=2048)
     parser.add_argument("--length", type=int, default=8)
     parser.add_argument("--dense-levels", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=os.path.join(RESULTS, "build_index.csv"))
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=os.path.join(RESULTS_DIR, "build_index.csv"))
     args = parser.parse_args(argv)
-
-    if args.child is not None:
-        row = _measure(args.child, args.vocab_size, args.length, args.dense_levels, args.seed)
-        print(json.dumps(row))
-        return
-
-    rows = []
-    for size in args.sizes:
-        command = [
-            sys.executable, __file__, "--child", str(int(size)),
-            "--vocab-size", str(args.vocab_size), "--length", str(args.length),
-            "--dense-levels", str(args.dense_levels), "--seed", str(args.seed),
-        ]  # fmt: skip
-        output = subprocess.run(command, check=True, capture_output=True, text=True)
-        rows.append(json.loads(output.stdout.strip().splitlines()[-1]))
-        print(_format(rows[-1]), flush=True)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}"
-    )
+    config = {key: getattr(args, key) for key in ("vocab_size", "length", "dense_levels", "seed")}
+    rows = size_sweep("benchmarks.build_index", args.sizes, config, _format)
+    write_csv(args.out, rows)
+    print(machine_line())
     print(f"wrote {args.out}")
 
 

@@ -14,7 +14,7 @@ its own), it measures:
   the index `nbytes`, and the host time of `member_ranges` and `count` for
   65,536 random tail states (candidate next states).
 
-    python benchmarks/eligibility_refresh.py --sizes 1e5 1e6 1e7 2e7
+    python -m benchmarks.eligibility_refresh --sizes 1e5 1e6 1e7 2e7
 
 Prints a table and writes benchmarks/results/eligibility_refresh.csv.
 """
@@ -22,17 +22,18 @@ Prints a table and writes benchmarks/results/eligibility_refresh.csv.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
-import platform
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+from benchmarks.decoding.common import RESULTS_DIR
+from benchmarks.decoding.common import child_main
+from benchmarks.decoding.common import machine_line
+from benchmarks.decoding.common import size_sweep
+from benchmarks.decoding.common import write_csv
+
 QUERIES = 65_536
 REPEATS = 5
 
@@ -107,40 +108,27 @@ def _measure(n: int, vocab_size: int, length: int, dense_levels: int, seed: int)
     }
 
 
+def _child(config: dict) -> list[dict]:
+    keys = ("n", "vocab_size", "length", "dense_levels", "seed")
+    return [_measure(*(config[key] for key in keys))]
+
+
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if child_main(_child, argv):
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", type=float, default=[1e5, 1e6, 1e7, 2e7])
     parser.add_argument("--vocab-size", type=int, default=2048)
     parser.add_argument("--length", type=int, default=8)
     parser.add_argument("--dense-levels", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=os.path.join(RESULTS, "eligibility_refresh.csv"))
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=os.path.join(RESULTS_DIR, "eligibility_refresh.csv"))
     args = parser.parse_args(argv)
-
-    if args.child is not None:
-        row = _measure(args.child, args.vocab_size, args.length, args.dense_levels, args.seed)
-        print(json.dumps(row))
-        return
-
-    rows = []
-    for size in args.sizes:
-        command = [
-            sys.executable, __file__, "--child", str(int(size)),
-            "--vocab-size", str(args.vocab_size), "--length", str(args.length),
-            "--dense-levels", str(args.dense_levels), "--seed", str(args.seed),
-        ]  # fmt: skip
-        output = subprocess.run(command, check=True, capture_output=True, text=True)
-        rows.append(json.loads(output.stdout.strip().splitlines()[-1]))
-        print(_format(rows[-1]), flush=True)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}"
-    )
+    config = {key: getattr(args, key) for key in ("vocab_size", "length", "dense_levels", "seed")}
+    rows = size_sweep("benchmarks.eligibility_refresh", args.sizes, config, _format)
+    write_csv(args.out, rows)
+    print(machine_line())
     print(f"wrote {args.out}")
 
 

@@ -28,16 +28,12 @@ import json
 import os
 import shutil
 import time
-import uuid
 from typing import Mapping
 
 import numpy as np
 import tensorflow as tf
 
-from static_keras.export.check import check_saved_model
 from static_keras.export.leftovers import DEFAULT_STALE_AFTER_SECONDS
-from static_keras.export.leftovers import remove_leftovers
-from static_keras.export.leftovers import temporary_prefix
 from static_keras.export.metadata import METADATA_FILENAME
 from static_keras.export.metadata import read_metadata
 from static_keras.export.model_layers import beam_searches
@@ -216,25 +212,14 @@ def refresh_eligibility(
         source_version = existing[-1]
     if source_version not in existing:
         raise ValueError(f"No version {source_version} under {base!r} (versions: {existing})")
-    if version is None:
-        version = existing[-1] + 1
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ValueError(f"`version` must be a positive integer. Received: version={version!r}")
-    if keep is not None and (not isinstance(keep, int) or keep < 1):
-        raise ValueError(f"`keep` must be a positive integer or None. Received: keep={keep!r}")
-    target = os.path.join(base, str(version))
-    if os.path.exists(target):
-        raise ValueError(f"Version {version} already exists at {target!r}; versions are immutable")
+    version = publish_module.new_version(base, existing, version, keep)
 
     source = os.path.join(base, str(source_version))
     metadata = read_metadata(source)
     current = read_eligibility(source)
     sets = _new_sets(current, eligibility_sets)
-    remove_leftovers(base, stale_after_seconds=stale_after_seconds)
 
-    staging = os.path.join(base, temporary_prefix(str(version)) + uuid.uuid4().hex)
-    xla = bool(metadata.get("xla"))
-    try:
+    def write(staging):
         shutil.copytree(source, staging)
         _rewrite_checkpoint(staging, metadata["eligibility"]["variables"], sets)
         metadata["eligibility_refresh"] = {
@@ -242,32 +227,26 @@ def refresh_eligibility(
             "refreshed_unix": time.time(),
             "sizes": sets.sizes(),
         }
-        metadata_file = os.path.join(staging, "assets", METADATA_FILENAME)
-        with open(metadata_file, "w") as file:
+        with open(os.path.join(staging, "assets", METADATA_FILENAME), "w") as file:
             json.dump(metadata, file, indent=2, sort_keys=True)
-        if check:
-            check_saved_model(staging, xla_enabled=xla)
-            error = publish_module._load_error(staging, version, xla)
-            if error:
-                raise ValueError(f"The refreshed version fails to load or warm up: {error}")
-        fingerprint = publish_module._fingerprint(staging)
-        publish_module._fsync_tree(staging)
-        os.rename(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    publish_module._fsync_dir(base)
 
-    removed, rejected = [], []
-    if keep is not None:
-        known = {version: fingerprint} if check else {}
-        removed, rejected = publish_module._prune(base, keep, xla, known)
+    staged = publish_module.publish_staged(
+        base,
+        version,
+        write,
+        keep=keep,
+        xla=bool(metadata.get("xla")),
+        check=check,
+        stale_after_seconds=stale_after_seconds,
+        what="The refreshed version",
+    )
     return EligibilityRefreshInfo(
         version=version,
-        path=target,
+        path=staged.path,
         source_version=source_version,
         sizes=sets.sizes(),
-        removed_versions=tuple(removed),
-        rejected_versions=tuple(rejected),
+        removed_versions=staged.removed_versions,
+        rejected_versions=staged.rejected_versions,
         seconds=time.perf_counter() - start,
     )
 

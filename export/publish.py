@@ -106,28 +106,80 @@ def publish(
     base = os.fspath(model_base_path)
     os.makedirs(base, exist_ok=True)
     existing = list_versions(base)
+    version = new_version(base, existing, version, keep)
+    staged = publish_staged(
+        base,
+        version,
+        lambda staging: export_saved_model(model, staging, xla=xla, **export_kwargs),
+        keep=keep,
+        xla=xla,
+        check=check,
+        stale_after_seconds=stale_after_seconds,
+        what="The export",
+    )
+    return PublishInfo(
+        version=version,
+        path=staged.path,
+        export=dataclasses.replace(staged.written, path=staged.path),
+        removed_versions=staged.removed_versions,
+        seconds=time.perf_counter() - start,
+        rejected_versions=staged.rejected_versions,
+        removed_leftovers=staged.removed_leftovers,
+    )
+
+
+def new_version(base: str, existing: list[int], version, keep) -> int:
+    """The version to write (default: newest + 1), checked with `keep`: a
+    positive int that no existing directory has (versions are immutable)."""
     if version is None:
         version = (existing[-1] + 1) if existing else 1
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise ValueError(f"`version` must be a positive integer. Received: version={version!r}")
-    if keep is not None and (not isinstance(keep, int) or keep < 1):
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
         raise ValueError(f"`keep` must be a positive integer or None. Received: keep={keep!r}")
     target = os.path.join(base, str(version))
     if os.path.exists(target):
         raise ValueError(f"Version {version} already exists at {target!r}; versions are immutable")
+    return version
 
+
+@dataclasses.dataclass(frozen=True)
+class StagedVersion:
+    path: str
+    written: object  # what `write` returned
+    removed_versions: tuple[int, ...]
+    rejected_versions: tuple[int, ...]
+    removed_leftovers: tuple[str, ...]
+
+
+def publish_staged(
+    base: str,
+    version: int,
+    write,
+    *,
+    keep: int | None,
+    xla: bool,
+    check: bool,
+    stale_after_seconds: float,
+    what: str,
+) -> StagedVersion:
+    """Makes `version` visible in one rename, after `write(staging)` filled a
+    temporary directory beside the versions and (with `check`) it loaded and
+    warmed up as the server will; then prunes to `keep` good versions.
+    `what` names the version in the error when it does not load."""
     leftovers = remove_leftovers(base, stale_after_seconds=stale_after_seconds)
     for name in leftovers:
         logger.info("removed %s: left over by a publish that did not finish", name)
 
+    target = os.path.join(base, str(version))
     staging = os.path.join(base, temporary_prefix(str(version)) + uuid.uuid4().hex)
     try:
-        info = export_saved_model(model, staging, xla=xla, **export_kwargs)
+        written = write(staging)
         if check:
             check_saved_model(staging, xla_enabled=xla)
             error = _load_error(staging, version, xla)
             if error:
-                raise ValueError(f"The export fails to load or warm up as a server would: {error}")
+                raise ValueError(f"{what} fails to load or warm up as a server would: {error}")
         fingerprint = _fingerprint(staging)
         _fsync_tree(staging)
         os.rename(staging, target)  # atomic on one filesystem; fails if target exists
@@ -138,16 +190,7 @@ def publish(
     removed, rejected = [], []
     if keep is not None:
         removed, rejected = _prune(base, keep, xla, {version: fingerprint} if check else {})
-    info = dataclasses.replace(info, path=target)
-    return PublishInfo(
-        version=version,
-        path=target,
-        export=info,
-        removed_versions=tuple(removed),
-        seconds=time.perf_counter() - start,
-        rejected_versions=tuple(rejected),
-        removed_leftovers=tuple(leftovers),
-    )
+    return StagedVersion(target, written, tuple(removed), tuple(rejected), tuple(leftovers))
 
 
 def _prune(base: str, keep: int, xla: bool, known_good: dict[int, str]):

@@ -232,6 +232,25 @@ def child_main(function, argv) -> bool:
     return False
 
 
+def size_sweep(module: str, sizes, config: dict, format_row) -> list[dict]:
+    """Runs `module`'s child once per N (`run_child`, config plus `"n"`),
+    prints each row it returns with `format_row`; returns all rows."""
+    rows = []
+    for n in sizes:
+        for row in run_child(module, {**config, "n": int(float(n))}):
+            rows.append(row)
+            print(format_row(row), flush=True)
+    return rows
+
+
+def machine_line() -> str:
+    """One line for a table's footer: architecture, cores, Python, load."""
+    return (
+        f"machine: {platform.machine()}, {os.cpu_count()} cpus, "
+        f"python {platform.python_version()}, load {os.getloadavg()[0]:.2f}"
+    )
+
+
 def default_csv(name: str, device: str) -> str:
     """benchmarks/results/decoding_<name>.csv, or decoding_gpu_<name>.csv on a GPU."""
     prefix = "decoding_" if device == "cpu" else f"decoding_{device}_"

@@ -35,15 +35,16 @@ Each N runs in a fresh subprocess (its peak RSS is its own). Writes
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
+from benchmarks.decoding.common import child_main
+from benchmarks.decoding.common import machine_line
+from benchmarks.decoding.common import size_sweep
+from benchmarks.decoding.common import write_csv
 from benchmarks.decoding.versus_reference import CONFIGS
 from benchmarks.decoding.versus_reference import DENSE
 from benchmarks.decoding.versus_reference import LENGTH
@@ -73,7 +74,6 @@ def _parse(argv):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results",
                                                       "eligibility_step.csv"))  # fmt: skip
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -198,7 +198,6 @@ def _measure(n: int, args) -> list[dict]:
                 if label in times:
                     rows[-1][f"{label}_ms"] = round(statistics.median(times[label]) * 1e3, 2)
                     rows[-1][f"{label}_ratio"] = ratio(label)
-            print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -218,25 +217,15 @@ def _format(row: dict) -> str:
 
 
 def main(argv=None):
-    args = _parse(argv)
-    if args.child is not None:
-        _measure(args.child, args)
+    argv = sys.argv[1:] if argv is None else argv
+    if child_main(lambda config: _measure(config["n"], argparse.Namespace(**config)), argv):
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    rows = []
-    for size in [int(float(s)) for s in args.sizes.split(",")]:
-        command = [sys.executable, "-m", "benchmarks.decoding.eligibility_step",
-                   "--child", str(size), *(argv if argv is not None else sys.argv[1:])]  # fmt: skip
-        done = subprocess.run(command, check=True, capture_output=True, text=True, cwd=REPO)
-        for line in done.stdout.splitlines():
-            if line.startswith("{"):
-                rows.append(json.loads(line))
-                print(_format(rows[-1]), flush=True)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    args = _parse(argv)
+    sizes = args.sizes.split(",")
+    rows = size_sweep("benchmarks.decoding.eligibility_step", sizes, vars(args), _format)
+    write_csv(args.out, rows)
+    print(machine_line())
     print(f"wrote {args.out}")
 
 

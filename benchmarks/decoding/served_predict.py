@@ -22,13 +22,13 @@ the served tokens are checked equal to the reference's. Writes
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import sys
 import tempfile
 import time
 
+from benchmarks.decoding.common import write_csv
 from benchmarks.decoding.versus_reference import CONFIGS
 from benchmarks.decoding.versus_reference import DENSE
 from benchmarks.decoding.versus_reference import REPO
@@ -155,12 +155,8 @@ def main(argv=None):
                 f"ratio {row['ratio_median']:.2f}",
                 flush=True,
             )
-    os.makedirs(args.out_dir, exist_ok=True)
     path = os.path.join(args.out_dir, "served_predict.csv")
-    with open(path, "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(path, rows)
     print(f"wrote {path}")
 
 

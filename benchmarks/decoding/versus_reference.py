@@ -36,12 +36,12 @@ case. Writes `versus_reference_<backend>.csv` under `--out-dir`.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import sys
 import time
 
+from benchmarks.decoding.common import write_csv
 from benchmarks.strings.protocol import PROTOCOLS
 from benchmarks.strings.protocol import evict
 
@@ -268,12 +268,8 @@ def main(argv=None):
                     f"reference {row['reference_ms']:8.2f} ms  ratio {row['ratio_median']:.2f}",
                     flush=True,
                 )
-    os.makedirs(args.out_dir, exist_ok=True)
     path = os.path.join(args.out_dir, f"versus_reference_{args.backend}.csv")
-    with open(path, "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(path, rows)
     print(f"wrote {path}")
 
 
