@@ -114,6 +114,17 @@ def check_batch(name: str, tensor: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
         return tf.identity(tensor)
 
 
+def check_width(name: str, tensor: tf.Tensor, most: int) -> tf.Tensor:
+    """`tensor` `[B, E]`, once `E <= most` is known (the step's search of a
+    row's exclusions covers that many when E is not static)."""
+    check = tf.debugging.Assert(
+        tf.less_equal(tf.shape(tensor)[1], most),
+        [f"Input {name!r} may hold at most {most} ids per row; received", tf.shape(tensor)[1]],
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(tensor)
+
+
 def signature_metadata(search, variable_keys: Mapping[str, str]) -> dict:
     """What `refresh_eligibility` needs to find and check the set variables."""
     constraint = search.constraint

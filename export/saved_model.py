@@ -19,6 +19,7 @@ from static_keras.export.metadata import METADATA_FILENAME
 from static_keras.export.metadata import model_metadata
 from static_keras.export.warmup import WARMUP_FILENAME
 from static_keras.export.warmup import write_warmup_requests
+from static_keras.layers.eligibility_kernels import MAX_DYNAMIC_EXCLUDED
 
 SIGNATURE = "serving_default"
 
@@ -339,6 +340,9 @@ def _eligible_function(model, module, search, specs, ranges, xla):
         )
         set_ids = eligible.check_batch(eligible.SET_ID_INPUT, set_ids, batch)
         excluded_ids = eligible.check_batch(eligible.EXCLUDED_INPUT, excluded_ids, batch)
+        excluded_ids = eligible.check_width(
+            eligible.EXCLUDED_INPUT, excluded_ids, MAX_DYNAMIC_EXCLUDED
+        )
         excluded = eligible.excluded_members(excluded_ids, ids, members, num_members)
         return run_model(set_ids, excluded, *checked)
 

@@ -162,6 +162,31 @@ def test_candidates_keep_exactly_the_enterable_next_states(dense_levels):
             assert scores is None
 
 
+@pytest.mark.parametrize("dense_levels", [0, 1, 2])
+def test_excluded_members_in_any_order_with_repeats_and_padding(dense_levels):
+    # `exclusion_members` gives sorted distinct rows; a caller may pass raw
+    # member numbers (any order, repeats, -1 or out-of-range padding): the
+    # step sets them out itself and keeps the same candidates.
+    index = semantic_index(dense_levels, seed=3)
+    sets = random_sets(index, 2)
+    layer = ConstrainedDecoding(index, eligibility=sets)
+    catalogue = MemberCatalogue.from_index(index)
+    set_ids, excluded_ids = requests(index, sets)
+    canonical = catalogue.exclusion_members(excluded_ids)
+    rng = np.random.default_rng(4)
+    raw = np.concatenate([canonical, canonical[:, :2], np.full((7, 2), -1)], axis=1)
+    raw[:, -1] = index.num_members + 7
+    raw = np.stack([row[rng.permutation(row.size)] for row in raw])
+    prefixes = np.unique(index.sequences()[:, :1], axis=0)
+    states = index.walk(prefixes)[rng.integers(0, len(prefixes), 7)].astype(np.int32)
+    logits = rng.normal(size=(7, VOCAB)).astype("float32")
+    for step in (1, None):
+        want = layer.candidates(logits, states, step, eligibility=(set_ids, canonical))
+        got = layer.candidates(logits, states, step, eligibility=(set_ids, raw))
+        for a, b in zip(want, got):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_without_eligibility_the_layer_is_unchanged():
     index = semantic_index(1)
     plain = ConstrainedDecoding(index)

@@ -35,6 +35,7 @@ from static_keras.export import read_metadata
 from static_keras.export import refresh_eligibility
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.eligibility import MemberCatalogue
+from static_keras.layers.eligibility_kernels import MAX_DYNAMIC_EXCLUDED
 from static_keras.serving import GrpcClient
 from static_keras.serving import ServedModel
 from static_keras.serving import ServingError
@@ -166,6 +167,12 @@ def test_bad_eligibility_inputs_are_invalid_argument(eligible_model, tmp_path):
     good = {"history": context, "set_id": np.array([0, -1], np.int32),
             "excluded_item_ids": np.full((2, 1), -1, np.int64)}  # fmt: skip
     assert servable.run(ELIGIBLE_SIGNATURE, good)["item_ids"].shape == (2, 4)
+    # The widest exclusion list a run-time width allows: its last id counts.
+    best = servable.run(ELIGIBLE_SIGNATURE, good)["item_ids"][:, 0]
+    widest = np.full((2, MAX_DYNAMIC_EXCLUDED), -1, np.int64)
+    widest[:, -1] = best
+    got = servable.run(ELIGIBLE_SIGNATURE, {**good, "excluded_item_ids": widest})["item_ids"]
+    assert not (got == best[:, None]).any()
     for bad, pattern in (
         ({"set_id": np.array([2, 0], np.int32)}, r"set_id.{1,3}holds ids outside \[-1, 2\)"),
         ({"set_id": np.array([-2, 0], np.int32)}, r"set_id.{1,3}holds ids outside \[-1, 2\)"),
@@ -174,6 +181,10 @@ def test_bad_eligibility_inputs_are_invalid_argument(eligible_model, tmp_path):
         (
             {"excluded_item_ids": np.full((3, 1), -1, np.int64)},
             r"excluded_item_ids.{1,3}must have one row",
+        ),
+        (
+            {"excluded_item_ids": np.full((2, MAX_DYNAMIC_EXCLUDED + 1), -1, np.int64)},
+            rf"excluded_item_ids.{{1,3}}may hold at most {MAX_DYNAMIC_EXCLUDED} ids",
         ),
     ):
         with pytest.raises(ServingFailure, match=pattern) as caught:

@@ -12,6 +12,7 @@ from keras import ops
 from static_keras.constants import INVALID_STATE
 from static_keras.constants import PAD_TOKEN
 from static_keras.index.automaton import TokenAutomaton
+from static_keras.layers import eligibility_step
 from static_keras.layers import gather
 from static_keras.layers.automaton_constraint import AutomatonConstraint
 from static_keras.layers.automaton_constraint import constraint_for
@@ -156,10 +157,9 @@ def beam_search(
                 "`eligibility` needs an AutomatonConstraint index (StaticIndex, "
                 "StringIndex, or their layers) built with eligibility sets"
             )
+        # Set out once per decode; every later state was entered under it.
         per_batch_row = constraint.check_eligibility(eligibility)
-        per_beam_row = tuple(
-            None if x is None else ops.repeat(x, beam_size, axis=0) for x in per_batch_row
-        )
+        per_beam_row = eligibility_step.repeat_rows(per_batch_row, beam_size, entered=True)
 
     beam_scores = None  # set by the first step, which starts from one beam per row
     beam_states = ops.zeros((rows,), dtype="int32")

@@ -284,22 +284,28 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
             raise ValueError("Member ranges live with the eligibility sets: eligibility_sets=0")
         return self._member_ranges(ops.cast(states, "int32"), depth)
 
-    def check_eligibility(self, eligibility):
-        """`(set_ids, excluded)` as int32 tensors, checked against this layer's
-        sets (a ValueError names the problem; see `eligibility_step`)."""
+    def check_eligibility(self, eligibility) -> eligibility_step.RequestEligibility:
+        """`(set_ids, excluded)` checked against this layer's sets (a
+        ValueError names the problem) and set out for the steps of a decode
+        (`eligibility_step.RequestEligibility`, returned as is if given)."""
         if not self.num_eligibility_sets:
             raise ValueError(
                 "`eligibility` needs a layer with eligibility sets: build it with "
                 "`eligibility=` (an EligibilitySets) or `eligibility_sets=S`"
             )
-        return eligibility_step.check_eligibility(eligibility, self.num_eligibility_sets)
+        return eligibility_step.prepare(
+            self.eligibility_weights["eligibility_words"],
+            self.layout.num_members,
+            eligibility,
+            self.num_eligibility_sets,
+            self._excluded_codes,
+        )
 
     def _keep(self, eligibility, lo, hi):
         """bool: whether each range holds an eligible, non-excluded member."""
         return eligibility_step.keep_mask(
             self.eligibility_weights["eligibility_words"],
             self.eligibility_weights["eligibility_directory"],
-            self.layout.num_members,
             eligibility,
             lo,
             hi,
@@ -537,6 +543,16 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         """bool `[R, V]`: `_keep` of every code below each dense-head state."""
         raise NotImplementedError
 
+    def _excluded_codes(self, members, counted):
+        """Per-exclusion codes the kind's `_dense_keep` reads (`prepare`), or None."""
+        return None
+
+    def _same_members(self, step) -> bool:
+        """Whether at int `step` every state's children each have all of its
+        members below them (one child each), so candidates of entered states
+        are enterable without a check. False for a tensor step or None."""
+        return False
+
     # Shared kernels ----------------------------------------------------------
 
     def _sparse_width(self, step) -> int:
@@ -559,7 +575,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         tokens = ops.cast(gather.take(self.index_weights["tokens"], edges), "int32")
         scores = ops.where(ok, gather.take_along_rows(logits, tokens), -np.inf)
         next_states = self._edge_targets(edges)
-        if eligibility is not None:
+        if eligibility is not None and not (eligibility.entered and self._same_members(step)):
             lo, hi = self._member_ranges(next_states, None if step is None else step + 1)
             ok = ops.logical_and(ok, self._keep(eligibility, lo, hi))
             scores = ops.where(ok, scores, -np.inf)

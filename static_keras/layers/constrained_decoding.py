@@ -280,27 +280,55 @@ class ConstrainedDecoding(AutomatonConstraint):
         """The V codes below a dense-head state are consecutive, so their
         ranges are V + 1 consecutive entries of the boundary table."""
         layout = self.layout
-        vocab = layout.vocab_size
+        vocab, d = layout.vocab_size, layout.dense_levels
         offsets = eligibility_step.dense_boundary_offsets(layout)
         if step is not None:
             valid = ops.greater(states, INVALID_STATE)
             code = ops.where(valid, states - layout.dense_mask_offsets[step], 0)
             base = offsets[step + 1] + code * vocab
+            divisor = vocab ** (d - 1 - step)
         else:
             safe = ops.where(self._in_dense_head(states), states, 0)
             depth = self._depth(safe)
             starts = ops.convert_to_tensor(self._depth_tables["depth_start"], "int32")
             code = safe - gather.take(starts, depth)
             base = gather.take(ops.convert_to_tensor(offsets, "int32"), depth + 1) + code * vocab
+            powers = [vocab ** (d - 1 - t) for t in range(d)]
+            divisor = gather.take(ops.convert_to_tensor(powers, "int32"), ops.minimum(depth, d - 1))
         positions = base[:, None] + ops.arange(vocab + 1, dtype="int32")[None, :]
         boundaries = gather.take(self.member_range_weights["dense_boundaries"], positions)
+        removed = None
+        if eligibility.excluded_codes is not None:
+            removed = eligibility_step.dense_exclusions(
+                eligibility.excluded_codes, code, divisor, vocab
+            )
         return eligibility_step.dense_keep_mask(
             self.eligibility_weights["eligibility_words"],
             self.eligibility_weights["eligibility_directory"],
-            layout.num_members,
             eligibility,
             boundaries,
+            removed,
         )
+
+    def _excluded_codes(self, members, counted):
+        """The depth-d code of each counted exclusion, found once per decode
+        in the depth-d part of the boundary table."""
+        layout = self.layout
+        if not layout.dense_levels:
+            return None
+        d = layout.dense_levels
+        return eligibility_step.dense_codes(
+            self.member_range_weights["dense_boundaries"],
+            eligibility_step.dense_boundary_offsets(layout)[d],
+            layout.vocab_size**d + 1,
+            members,
+            counted,
+        )
+
+    def _same_members(self, step) -> bool:
+        # A tree's members all end at depth L: an only child holds all of
+        # its parent's members. Step 0 has no entered parent to rely on.
+        return step is not None and step > 0 and self.layout.step_widths[step] == 1
 
     def _edge_targets(self, edges):
         # Tree numbering: edge k leads to tail state n_d + k.

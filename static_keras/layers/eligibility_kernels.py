@@ -14,12 +14,16 @@ shift, and no intermediate exceeds 2**31 - 1.
 
 from __future__ import annotations
 
+import keras
 from keras import ops
+
+from static_keras.layers import gather
 
 _M1 = 0x55555555
 _M2 = 0x33333333
 _M4 = 0x0F0F0F0F
 _LOW31 = 0x7FFFFFFF
+_INT32_MAX = 0x7FFFFFFF  # the search padding: above every member number
 
 
 def _popcount31(x):
@@ -33,10 +37,11 @@ def _popcount31(x):
 
 
 def popcount32(x):
-    """int32: the set bits of each 32-bit pattern (keras.ops has no popcount).
+    """int32: the set bits of each 32-bit pattern.
 
-    The sign bit is counted apart, so the SWAR steps only see non-negative
-    31-bit values and never overflow.
+    keras.ops has no popcount: TensorFlow and JAX get their own one-op
+    kernel (XLA's popcnt); other backends count with SWAR steps, the sign
+    bit apart, so they only see non-negative 31-bit values and never overflow.
 
     Args:
         x: int32 tensor, any shape (uint32 bits viewed as int32).
@@ -45,6 +50,15 @@ def popcount32(x):
         int32 tensor of the same shape, values in `[0, 32]`.
     """
     x = ops.cast(x, "int32")
+    backend = keras.config.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.cast(tf.raw_ops.PopulationCount(x=x), "int32")
+    if backend == "jax":
+        from jax import lax
+
+        return lax.population_count(x)
     sign = ops.bitwise_and(ops.right_shift(x, 31), 1)
     return _popcount31(ops.bitwise_and(x, _LOW31)) + sign
 
@@ -72,9 +86,9 @@ def rank(words, directory, set_ids, positions):
     flat = _flat_index(words, set_ids, positions)
     bit = ops.bitwise_and(ops.cast(positions, "int32"), 31)
     below = ops.right_shift(ops.full_like(bit, _LOW31), 31 - bit)
-    word = ops.take(ops.reshape(words, (-1,)), flat)
-    before = ops.take(ops.reshape(directory, (-1,)), flat)
-    return ops.cast(before, "int32") + _popcount31(ops.bitwise_and(word, below))
+    word = gather.take(ops.reshape(words, (-1,)), flat)
+    before = gather.take(ops.reshape(directory, (-1,)), flat)
+    return before + popcount32(ops.bitwise_and(word, below))
 
 
 def contains(words, set_ids, members):
@@ -85,9 +99,62 @@ def contains(words, set_ids, members):
         set_ids: int, broadcast against `members`.
         members: int `[...]` in `[0, num_members]`.
     """
-    word = ops.take(ops.reshape(words, (-1,)), _flat_index(words, set_ids, members))
+    word = gather.take(ops.reshape(words, (-1,)), _flat_index(words, set_ids, members))
     bit = ops.bitwise_and(ops.cast(members, "int32"), 31)
     return ops.equal(ops.bitwise_and(ops.right_shift(word, bit), 1), 1)
+
+
+#: Most excluded members a row may hold when their number is not static
+#: (a served signature): `count_below` then searches `2**12` slots.
+MAX_DYNAMIC_EXCLUDED = 2**12 - 1
+
+
+def count_below(sorted_rows, values):
+    """int32 `[R, Q]`: how many entries of each sorted row are `< values[r, q]`.
+
+    A branch-free binary search by powers of two (`log2(P)` gathers of
+    `[R, Q]`, nothing `[R, Q, P]`), which XLA and TF's graph executor both
+    run cheaply (`tf.searchsorted` compares all pairs under XLA). Probes past
+    the row's end read its last entry, which no value exceeds, so they
+    never move.
+
+    Args:
+        sorted_rows: int32 `[R, P]`, non-decreasing rows whose last entry no
+            value exceeds (`prepare_counted` appends one). P may be unknown
+            until run time, up to `MAX_DYNAMIC_EXCLUDED + 1`.
+        values: int32 `[R, Q]`.
+    """
+    width = sorted_rows.shape[1]
+    bits = (width - 1).bit_length() if width is not None else MAX_DYNAMIC_EXCLUDED.bit_length()
+    last = ops.shape(sorted_rows)[1] - 1
+    position = ops.zeros_like(values)
+    for bit in reversed(range(bits)):
+        at = position + ((1 << bit) - 1)
+        if width is None or width != 1 << bits:
+            at = ops.minimum(at, last)
+        probe = gather.take_along_rows(sorted_rows, at)
+        position = ops.where(ops.less(probe, values), position + (1 << bit), position)
+    return position
+
+
+def prepare_counted(sorted_members, counted):
+    """`(searched, before)` int32 `[R, E + 1]`: a row's sorted members
+    `[R, E]` and which of them count (bool `[R, E]`), set out for
+    `counted_in_ranges`: the members with a sentinel appended for
+    `count_below`, and how many counted ones come before each slot."""
+    searched = ops.pad(ops.cast(sorted_members, "int32"), [[0, 0], [0, 1]],
+                       constant_values=_INT32_MAX)  # fmt: skip
+    counted = ops.pad(ops.cast(counted, "int32"), [[0, 0], [0, 1]])
+    return searched, ops.cumsum(counted, axis=1) - counted
+
+
+def counted_in_ranges(searched, before, lo, hi):
+    """int32 `[R, B]`: counted members of each row inside each `[lo, hi)`
+    (`prepare_counted`): the counted ones below `hi` minus those below `lo`."""
+    width = ops.shape(lo)[1]
+    at = count_below(searched, ops.concatenate([lo, hi], axis=1))  # one search for both
+    below = gather.take_along_rows(before, at)
+    return below[:, width:] - below[:, :width]
 
 
 def eligible_in_range(words, directory, set_ids, lo, hi, excluded_members=None):
@@ -107,14 +174,11 @@ def eligible_in_range(words, directory, set_ids, lo, hi, excluded_members=None):
             (`MemberCatalogue.exclusion_members`).
     """
     rows = ops.expand_dims(ops.cast(set_ids, "int32"), 1)
+    lo, hi = ops.cast(lo, "int32"), ops.cast(hi, "int32")
     count = rank(words, directory, rows, hi) - rank(words, directory, rows, lo)
     if excluded_members is None:
         return count
     excluded = ops.cast(excluded_members, "int32")
-    eligible = contains(words, rows, excluded)[:, None, :]  # [R, 1, E]
-    excluded = excluded[:, None, :]
-    lo = ops.cast(lo, "int32")[:, :, None]
-    hi = ops.cast(hi, "int32")[:, :, None]
-    inside = ops.logical_and(ops.greater_equal(excluded, lo), ops.less(excluded, hi))
-    hits = ops.cast(ops.logical_and(inside, eligible), "int32")
-    return count - ops.sum(hits, axis=-1)
+    counted = contains(words, rows, excluded)  # the padding is never eligible
+    searched, before = prepare_counted(excluded, counted)
+    return count - counted_in_ranges(searched, before, lo, hi)

@@ -12,18 +12,21 @@ kinds and turns them into a keep mask, with fixed-width, branch-free gathers:
   member of each code block (`dense_boundary_table`);
 - string sets: per-state `lo`/`hi` arrays (`StringIndex.member_ranges`).
 
-At a dense step the candidates of a row are the V consecutive codes below
-its state, so their ranges are V + 1 consecutive table entries (boundaries):
-one rank per boundary gives the eligible counts, and each excluded member is
-binary-searched among the boundaries and scattered onto the code it passes
-through, so nothing is ever `[R, V, E]`.
+A request is set out once per decode (`prepare`): its excluded members
+sorted and deduplicated, with a running count of those that count, so the
+excluded members inside a candidate's range are two binary searches in the
+row (`count_below`), never an `[R, K, E]` compare. At a dense step the
+candidates of a row are the V consecutive codes below its state, so their
+ranges are V + 1 consecutive table entries (boundaries): one rank per
+boundary gives the eligible counts, and each exclusion's dense code (found
+once per decode) is scattered onto the code it passes through.
 
 Everything stays in int32 (JAX disables int64 by default).
 """
 
 from __future__ import annotations
 
-import math
+from typing import NamedTuple
 
 import numpy as np
 from keras import ops
@@ -149,13 +152,40 @@ def string_member_ranges(member_lo, member_hi, states):
 # Requests ---------------------------------------------------------------------
 
 
-def check_eligibility(eligibility, num_sets: int, num_rows=None):
+class RequestEligibility(NamedTuple):
+    """A request's eligibility per row, checked and set out once per decode
+    (`prepare`), so a step only reads it.
+
+    Fields (int32 tensors, or None for no such restriction):
+        set_ids: `[R]`, each row's set; -1 no set; -2 an id out of range
+            (the row keeps nothing).
+        excluded: `[R, E + 1]` the row's excluded members, sorted, and a
+            sentinel for `count_below`.
+        excluded_before: `[R, E + 1]`, the excluded members the eligible counts
+            include (real ones; eligible ones where the row has a set)
+            before each slot, so a range's share is two reads.
+        excluded_codes: `[R, E + 1]`, kind-specific (semantic IDs: the dense
+            code of depth d each counted exclusion lies below, -1 for the
+            others), read at dense steps.
+        entered: Python bool: every state passed with this was entered under
+            it (a beam search), so a step whose states each have one child
+            need not filter (that child has the same members).
+    """
+
+    set_ids: object = None
+    excluded: object = None
+    excluded_before: object = None
+    excluded_codes: object = None
+    entered: bool = False
+
+
+def check_eligibility(eligibility, num_sets: int):
     """`(set_ids int32 [R] or None, excluded int32 [R, E] or None)`, checked.
 
     Set ids must lie in `[-1, num_sets)` (-1: no set restriction). Concrete
     values (eager) are checked here and raise ValueError; symbolic ones (a
     TF graph, `jax.jit`) cannot be, and an out-of-range id there keeps
-    nothing (its row gets no candidates), see `keep_mask`.
+    nothing (its row gets no candidates).
     """
     if not isinstance(eligibility, (tuple, list)) or len(eligibility) != 2:
         raise ValueError(
@@ -194,92 +224,133 @@ def _concrete(x):
         return None
 
 
-def keep_mask(words, directory, num_members: int, eligibility, lo, hi):
+def prepare(
+    words, num_members: int, eligibility, num_sets: int, excluded_codes=None
+) -> RequestEligibility:
+    """A `RequestEligibility` from `(set_ids [R], excluded [R, E])` (checked
+    by `check_eligibility`; a `RequestEligibility` is returned as is).
+    `excluded_codes`: None, or a function of the padded sorted members and
+    whether each counts (`[R, E + 1]` each) giving the kind's codes.
+
+    Excluded entries may come in any order, repeat, or be padding (any value
+    outside `[0, num_members)`): they are sorted, and each member counts once.
+    """
+    if isinstance(eligibility, RequestEligibility):
+        return eligibility
+    set_ids, excluded = check_eligibility(eligibility, num_sets)
+    if set_ids is not None:
+        known = ops.logical_and(ops.greater_equal(set_ids, -1), ops.less(set_ids, num_sets))
+        set_ids = ops.where(known, set_ids, -2)
+    if excluded is None or excluded.shape[1] == 0:
+        return RequestEligibility(set_ids)
+
+    real = ops.logical_and(ops.greater_equal(excluded, 0), ops.less(excluded, num_members))
+    members = ops.sort(ops.where(real, excluded, num_members), axis=1)
+    distinct = ops.not_equal(members[:, 1:], members[:, :-1])
+    first = ops.concatenate([ops.ones_like(members[:, :1], "bool"), distinct], axis=1)
+    counted = ops.logical_and(ops.less(members, num_members), first)
+    if set_ids is not None:
+        restricted = ops.greater_equal(set_ids, 0)
+        safe = ops.where(restricted, set_ids, 0)
+        eligible = eligibility_kernels.contains(words, safe[:, None], members)
+        counted = ops.logical_and(
+            counted, ops.logical_or(ops.logical_not(restricted[:, None]), eligible)
+        )
+    searched, before = eligibility_kernels.prepare_counted(members, counted)
+    codes = None
+    if excluded_codes is not None:
+        codes = excluded_codes(searched, ops.pad(counted, [[0, 0], [0, 1]]))
+    return RequestEligibility(set_ids, searched, before, codes)
+
+
+def repeat_rows(request: RequestEligibility, times: int, entered: bool) -> RequestEligibility:
+    """Each row `times` times in a row (batch rows to beams)."""
+    fields = [None if x is None else ops.repeat(x, times, axis=0) for x in request[:4]]
+    return RequestEligibility(*fields, entered=entered)
+
+
+def keep_mask(words, directory, request: RequestEligibility, lo, hi):
     """bool `[R, K]`: whether `[lo, hi)` holds an eligible, non-excluded member.
 
     Args:
-        words, directory: int32 `[S, W]` weights (unused rows: set id -1).
-        num_members: int (the padding of `excluded`).
-        eligibility: `(set_ids [R] or None, excluded [R, E] or None)`, checked.
+        words, directory: int32 `[S, W]` weights.
+        request: a `RequestEligibility`.
         lo, hi: int32 `[R, K]` member ranges of each row's candidate states.
     """
-    set_ids, excluded = eligibility
     count = hi - lo
-    if set_ids is not None:
-        restricted, safe, known = _set_rows(set_ids, words.shape[0])
-        ranked = eligibility_kernels.eligible_in_range(words, directory, safe, lo, hi)
-        count = ops.where(restricted[:, None], ranked, count)
-        count = ops.where(known[:, None], count, 0)
-    if excluded is not None and excluded.shape[1] != 0:
-        counted = _counted_exclusions(words, num_members, set_ids, excluded)  # [R, E]
-        inside = ops.logical_and(
-            ops.greater_equal(excluded[:, None, :], lo[:, :, None]),
-            ops.less(excluded[:, None, :], hi[:, :, None]),
+    if request.set_ids is not None:
+        ranks = _ranks(words, directory, request.set_ids, ops.concatenate([lo, hi], axis=1))
+        width = ops.shape(lo)[1]
+        count = _set_counts(request.set_ids, ranks[:, width:] - ranks[:, :width], count)
+    if request.excluded is not None:
+        count = count - eligibility_kernels.counted_in_ranges(
+            request.excluded, request.excluded_before, lo, hi
         )
-        hits = ops.logical_and(inside, counted[:, None, :])
-        count = count - ops.sum(ops.cast(hits, "int32"), axis=-1)
     return ops.greater(count, 0)
 
 
-def dense_keep_mask(words, directory, num_members: int, eligibility, boundaries):
+def dense_keep_mask(words, directory, request: RequestEligibility, boundaries, removed):
     """bool `[R, V]`: `keep_mask` of V consecutive ranges per row, given as
-    their V + 1 boundaries `[R, V + 1]` (non-decreasing along a row).
-
-    Each excluded member is binary-searched among its row's boundaries (the
-    last boundary `<=` it names its code) and scattered onto that code.
-    """
-    set_ids, excluded = eligibility
-    vocab = boundaries.shape[1] - 1
-    if set_ids is not None:
-        restricted, safe, known = _set_rows(set_ids, words.shape[0])
-        ranks = eligibility_kernels.rank(words, directory, safe[:, None], boundaries)
-        ranks = ops.where(restricted[:, None], ranks, boundaries)
-        count = ops.where(known[:, None], ranks[:, 1:] - ranks[:, :-1], 0)
-    else:
-        count = boundaries[:, 1:] - boundaries[:, :-1]
-    if excluded is not None and excluded.shape[1] != 0:
-        counted = _counted_exclusions(words, num_members, set_ids, excluded)
-        # Upper bound: the first boundary above each member, in [0, V + 1].
-        low = ops.zeros_like(excluded)
-        high = ops.full_like(excluded, vocab + 1)
-        for _ in range(math.ceil(math.log2(vocab + 2))):
-            active = ops.less(low, high)
-            middle = (low + high) // 2
-            value = gather.take_along_rows(boundaries, ops.minimum(middle, vocab))
-            right = ops.logical_and(active, ops.less_equal(value, excluded))
-            low = ops.where(right, middle + 1, low)
-            high = ops.where(ops.logical_and(active, ops.logical_not(right)), middle, high)
-        code = low - 1
-        inside = ops.logical_and(ops.greater_equal(code, 0), ops.less(code, vocab))
-        hit = ops.logical_and(inside, counted)
-        columns = ops.where(hit, code, vocab)  # misses land in a spare column
-        rows = ops.broadcast_to(
-            ops.arange(ops.shape(columns)[0], dtype="int32")[:, None], ops.shape(columns)
-        )
-        indices = ops.reshape(ops.stack([rows, columns], axis=-1), (-1, 2))
-        removed = ops.scatter(
-            indices, ops.reshape(ops.cast(hit, "int32"), (-1,)), (ops.shape(columns)[0], vocab + 1)
-        )
-        count = count - removed[:, :vocab]
+    their V + 1 boundaries `[R, V + 1]`, less `removed` int32 `[R, V]` (or
+    None): the counted exclusions below each code (`dense_exclusions`)."""
+    count = boundaries[:, 1:] - boundaries[:, :-1]
+    if request.set_ids is not None:
+        ranks = _ranks(words, directory, request.set_ids, boundaries)
+        count = _set_counts(request.set_ids, ranks[:, 1:] - ranks[:, :-1], count)
+    if removed is not None:
+        count = count - removed
     return ops.greater(count, 0)
 
 
-def _set_rows(set_ids, num_sets: int):
-    """`(restricted, safe, known)` `[R]`: rows with a set, clamped ids, and
-    rows whose id lies in `[-1, num_sets)` (the others keep nothing)."""
-    restricted = ops.greater_equal(set_ids, 0)
-    known = ops.logical_and(ops.greater_equal(set_ids, -1), ops.less(set_ids, num_sets))
-    safe = ops.where(ops.logical_and(restricted, known), set_ids, 0)
-    return restricted, safe, known
+def _ranks(words, directory, set_ids, positions):
+    """int32 `[R, Q]`: rank of each position in its row's set (set 0 for
+    rows without one; `_set_counts` drops those)."""
+    safe = ops.where(ops.greater_equal(set_ids, 0), set_ids, 0)
+    return eligibility_kernels.rank(words, directory, safe[:, None], positions)
 
 
-def _counted_exclusions(words, num_members: int, set_ids, excluded):
-    """bool `[R, E]`: excluded members the eligible count includes (so they
-    must be subtracted): real members, and eligible where the row has a set."""
-    real = ops.logical_and(ops.greater_equal(excluded, 0), ops.less(excluded, num_members))
-    if set_ids is None:
-        return real
-    restricted, safe, _ = _set_rows(set_ids, words.shape[0])
-    member = ops.where(real, excluded, num_members)
-    eligible = eligibility_kernels.contains(words, safe[:, None], member)
-    return ops.logical_and(real, ops.logical_or(ops.logical_not(restricted[:, None]), eligible))
+def _set_counts(set_ids, ranked, count):
+    """`ranked` for rows with a set, `count` for rows without, 0 for rows
+    with an unknown id."""
+    count = ops.where(ops.greater_equal(set_ids, 0)[:, None], ranked, count)
+    return ops.where(ops.greater_equal(set_ids, -1)[:, None], count, 0)
+
+
+def dense_codes(table, offset: int, size: int, members, counted):
+    """int32 `[R, E + 1]`: the code of depth d whose block holds each counted
+    member (-1 for the others): the last of `size` sorted first members
+    (`table[offset:offset + size]`, the depth-d part of the boundary table)
+    that is `<=` it. A branch-free search by powers of two, once per decode."""
+    position = ops.zeros_like(members)
+    step = 1 << (size.bit_length() - 1)
+    while step:
+        ahead = position + step
+        probe = gather.take(table, offset + ops.minimum(ahead, size) - 1)
+        fits = ops.logical_and(ops.less_equal(ahead, size), ops.less_equal(probe, members))
+        position = ops.where(fits, ahead, position)
+        step //= 2
+    return ops.where(counted, position - 1, -1)
+
+
+def dense_exclusions(codes, parent, divisor, vocab: int):
+    """int32 `[R, V]`: counted exclusions below each code of a dense step.
+
+    Args:
+        codes: int32 `[R, E + 1]`, `RequestEligibility.excluded_codes`.
+        parent: int32 `[R]`, the code of each row's state at its depth t.
+        divisor: int `V**(d - 1 - t)` (a Python int, or int32 `[R]`): the
+            depth-d code over it is the code of depth t + 1.
+        vocab: V.
+    """
+    if not isinstance(divisor, int):
+        divisor = divisor[:, None]
+    child = ops.floor_divide(codes, divisor)  # -1 stays -1
+    parent_of = ops.floor_divide(child, vocab)
+    hit = ops.logical_and(ops.greater_equal(codes, 0), ops.equal(parent_of, parent[:, None]))
+    rows = ops.shape(codes)[0]
+    column = ops.where(hit, child - parent_of * vocab, vocab)  # misses: a spare column
+    flat = ops.arange(rows, dtype="int32")[:, None] * (vocab + 1) + column
+    removed = ops.segment_sum(
+        ops.reshape(ops.cast(hit, "int32"), (-1,)), ops.reshape(flat, (-1,)), rows * (vocab + 1)
+    )
+    return ops.reshape(removed, (rows, vocab + 1))[:, :vocab]
