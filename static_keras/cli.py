@@ -249,6 +249,30 @@ def _cmd_publish(args) -> None:
     print(f"published version {info.version} at {info.path} in {info.seconds:.1f} s{removed}")
 
 
+def _cmd_refresh_eligibility(args) -> None:
+    from static_keras.export import refresh_eligibility
+
+    sets = {}
+    for spec in args.set:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise UserError(f"--set must be NAME=FILE (item ids, .npy/.csv/.parquet); got {spec!r}")
+        sets[name] = _load_array(path, args.column).reshape(-1)
+    info = refresh_eligibility(
+        args.model_base_path,
+        sets,
+        source_version=args.source_version,
+        version=args.version,
+        keep=args.keep,
+    )
+    removed = f", removed {list(info.removed_versions)}" if info.removed_versions else ""
+    sizes = ", ".join(f"{name} {size:,}" for name, size in info.sizes.items())
+    print(
+        f"published version {info.version} (sets of version {info.source_version} replaced: "
+        f"{sizes} members) at {info.path} in {info.seconds:.2f} s{removed}"
+    )
+
+
 def _cmd_serve_dev(args) -> None:
     import logging
     import signal
@@ -514,6 +538,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="versions that load and warm up to keep; rejected ones never count (default 3)",
     )  # fmt: skip
     publish.set_defaults(run=_cmd_publish)
+
+    refresh = commands.add_parser(
+        "refresh-eligibility",
+        help="publish a version whose only change is some eligibility sets (no rebuild)",
+    )
+    refresh.add_argument("--model-base-path", required=True, help="directory TF Serving polls")
+    refresh.add_argument(
+        "--set", action="append", required=True, metavar="NAME=FILE",
+        help="a set to replace and its eligible item ids (.npy, .csv or .parquet); repeatable",
+    )  # fmt: skip
+    refresh.add_argument("--column", help="the item id column of a .parquet file")
+    refresh.add_argument("--source-version", type=int, help="version to copy (default: newest)")
+    refresh.add_argument("--version", type=int, help="version number (default: newest + 1)")
+    refresh.add_argument("--keep", type=int, default=3, help="good versions to keep (default 3)")
+    refresh.set_defaults(run=_cmd_refresh_eligibility)
 
     serve = commands.add_parser(
         "serve-dev",

@@ -238,6 +238,27 @@ def test_refresh_changes_only_the_eligibility_variables(eligible_model, tmp_path
     assert sorted(os.listdir(base)) == [".static_keras_versions.json", "2", "3"]
 
 
+def test_refresh_from_the_command_line(eligible_model, tmp_path, capsys):
+    from static_keras import cli
+
+    index, _, model = eligible_model
+    base = tmp_path / "recs"
+    publish(model, base, warmup_batch_sizes=(1,))
+    ids = MemberCatalogue.from_index(index).item_ids
+    np.save(tmp_path / "fr.npy", ids[:4])
+    np.savetxt(tmp_path / "in_stock.csv", ids[2:9], fmt="%d")
+    fr, in_stock = f"fr={tmp_path / 'fr.npy'}", f"in_stock={tmp_path / 'in_stock.csv'}"
+    command = ["refresh-eligibility", "--model-base-path", str(base), "--set", fr, "--set", in_stock]
+    assert cli.main(command) == 0
+    assert "published version 2" in capsys.readouterr().out
+    assert read_eligibility(base / "2").sizes() == {"in_stock": 7, "fr": 4}
+    assert cli.main([*command[:3], "--set", f"de={tmp_path / 'fr.npy'}"]) == 2
+    assert "No eligibility set 'de'" in capsys.readouterr().err
+    assert cli.main([*command[:3], "--set", "fr"]) == 2
+    assert "NAME=FILE" in capsys.readouterr().err
+    assert sorted(os.listdir(base)) == [".static_keras_versions.json", "1", "2"]
+
+
 def test_refresh_needs_eligibility_sets(small_model, tmp_path):
     _, model = small_model
     base = tmp_path / "recs"

@@ -230,7 +230,9 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         if not self.num_eligibility_sets:
             return
         shape = (self.num_eligibility_sets, words_per_set(self.layout.num_members))
-        for name in ("eligibility_words", "eligibility_directory"):
+        shapes = {"eligibility_words": shape, "eligibility_directory": shape}
+        shapes.update(self._eligibility_mask_shapes())
+        for name, shape in shapes.items():
             self.eligibility_weights[name] = self.add_weight(
                 name=name, shape=shape, dtype="int32", initializer="zeros", trainable=False
             )
@@ -272,7 +274,9 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
                 f"The set names differ: the layer has {list(self.eligibility_names)}, "
                 f"the sets have {list(names)} (set ids would change meaning)"
             )
-        for name, array in eligibility_sets.device_arrays().items():
+        arrays = eligibility_sets.device_arrays()
+        arrays.update(self._eligibility_mask_arrays(eligibility_sets))
+        for name, array in arrays.items():
             self.eligibility_weights[name].assign(array)
         self.eligibility_names = names
 
@@ -298,7 +302,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
             self.layout.num_members,
             eligibility,
             self.num_eligibility_sets,
-            self._excluded_codes,
+            self._dense_exclusions,
         )
 
     def _keep(self, eligibility, lo, hi):
@@ -407,10 +411,9 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         if t is None or not self._is_dense(t):
             return None
         states = ops.cast(states, "int32")
-        allowed = self._dense_allowed(states, t)
         if eligibility is not None:
             eligibility = self.check_eligibility(eligibility)
-            allowed = ops.logical_and(allowed, self._dense_keep(states, t, eligibility))
+        allowed = self._dense_allowed(states, t, eligibility)
         return ops.where(allowed, ops.cast(log_probs, "float32"), -np.inf)
 
     def allowed_mask(self, states, step=None):
@@ -516,7 +519,10 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
     def _in_dense_head(self, states):
         raise NotImplementedError
 
-    def _dense_allowed(self, states, step):
+    def _dense_allowed(self, states, step, eligibility=None):
+        """bool `[R, V]`: the allowed next tokens of dense-head states; with
+        a `RequestEligibility`, only those with an eligible, non-excluded
+        member below."""
         raise NotImplementedError
 
     def _dense_next(self, states, tokens, step):
@@ -539,12 +545,17 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         """`(lo, hi)` int32 of int32 `states`; `depth` an int or None (mixed)."""
         raise NotImplementedError
 
-    def _dense_keep(self, states, step, eligibility):
-        """bool `[R, V]`: `_keep` of every code below each dense-head state."""
-        raise NotImplementedError
+    def _eligibility_mask_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Kind-specific int32 weights derived from the sets (dense steps)."""
+        return {}
 
-    def _excluded_codes(self, members, counted):
-        """Per-exclusion codes the kind's `_dense_keep` reads (`prepare`), or None."""
+    def _eligibility_mask_arrays(self, eligibility_sets) -> dict[str, np.ndarray]:
+        """Values of those weights for `eligibility_sets`."""
+        return {}
+
+    def _dense_exclusions(self, set_ids, members, before):
+        """What `_dense_allowed` reads of a request's exclusions, set out once
+        per decode (`eligibility_step.prepare`), or None."""
         return None
 
     def _same_members(self, step) -> bool:
@@ -594,9 +605,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         return scores, tokens, next_states, ok
 
     def _dense_candidates(self, logits, states, step, k: int, cap: int, eligibility=None):
-        allowed = self._dense_allowed(states, step)
-        if eligibility is not None:
-            allowed = ops.logical_and(allowed, self._dense_keep(states, step, eligibility))
+        allowed = self._dense_allowed(states, step, eligibility)
         masked = ops.where(allowed, logits, -np.inf)
         scores, tokens = ops.top_k(masked, k, sorted=True)
         ok = gather.take_along_rows(allowed, tokens)

@@ -156,17 +156,22 @@ class ConstrainedDecoding(AutomatonConstraint):
             depth = depth + ops.cast(ops.greater_equal(states, start), "int32")
         return depth
 
-    def _dense_allowed(self, states, step):
+    def _dense_allowed(self, states, step, eligibility=None):
         """Unpacks the bit-packed mask row of each dense-head state: bool `[R, V]`.
 
-        A dense-head state is its own mask row.
+        A dense-head state is its own mask row. With eligibility the row is
+        ANDed, word by word, with the set's mask row of that state and with
+        the codes the row's exclusions empty, before one unpack.
         """
         layout = self.layout
         if step is None:
             valid = self._in_dense_head(states)
         else:
             valid = ops.greater(states, INVALID_STATE)
-        words = gather.take(self.index_weights["dense_masks"], ops.where(valid, states, 0))
+        safe = ops.where(valid, states, 0)
+        words = gather.take(self.index_weights["dense_masks"], safe)
+        if eligibility is not None:
+            words = ops.bitwise_and(words, self._eligible_words(safe, step, eligibility))
         # Rows of invalid states unpack to nothing: zeroing their words costs
         # `[R, V/32]`, not an `[R, V]` pass.
         words = ops.where(ops.expand_dims(valid, 1), words, 0)
@@ -175,6 +180,39 @@ class ConstrainedDecoding(AutomatonConstraint):
         if layout.mask_words * 32 != layout.vocab_size:
             allowed = allowed[:, : layout.vocab_size]
         return allowed
+
+    def _eligible_words(self, states, step, request):
+        """int32 `[R, mask_words]`: the bits of codes below each dense-head
+        state (in range) with an eligible, non-excluded member."""
+        layout = self.layout
+        words = -1  # all bits
+        if request.set_ids is not None:
+            set_ids = request.set_ids
+            restricted = ops.greater_equal(set_ids, 0)
+            row = ops.where(restricted, set_ids, 0) * layout.dense_head_states + states
+            masks = ops.reshape(
+                self.eligibility_weights["eligibility_dense"], (-1, layout.mask_words)
+            )
+            words = ops.where(restricted[:, None], gather.take(masks, row), -1)
+            words = ops.where(ops.greater_equal(set_ids, -1)[:, None], words, 0)
+        if request.dense_excluded is not None:
+            if step is not None:
+                blocked = request.dense_excluded[:, step, :]
+                parent = states - layout.dense_mask_offsets[step]
+            else:
+                depth = ops.minimum(self._depth(states), layout.dense_levels - 1)
+                flat = ops.reshape(
+                    request.dense_excluded, (-1, ops.shape(request.dense_excluded)[2])
+                )
+                rows = ops.arange(ops.shape(states)[0], dtype="int32") * layout.dense_levels
+                blocked = gather.take(flat, rows + depth)
+                starts = ops.convert_to_tensor(self._depth_tables["depth_start"], "int32")
+                parent = states - gather.take(starts, depth)
+            cleared = eligibility_step.blocked_words(
+                blocked, parent, layout.vocab_size, layout.mask_words
+            )
+            words = ops.bitwise_and(words, ops.bitwise_invert(cleared))
+        return words
 
     def _dense_contains(self, states, tokens, step):
         """Reads one bit per row (not the whole mask row)."""
@@ -276,53 +314,45 @@ class ConstrainedDecoding(AutomatonConstraint):
             depth,
         )
 
-    def _dense_keep(self, states, step, eligibility):
-        """The V codes below a dense-head state are consecutive, so their
-        ranges are V + 1 consecutive entries of the boundary table."""
-        layout = self.layout
-        vocab, d = layout.vocab_size, layout.dense_levels
-        offsets = eligibility_step.dense_boundary_offsets(layout)
-        if step is not None:
-            valid = ops.greater(states, INVALID_STATE)
-            code = ops.where(valid, states - layout.dense_mask_offsets[step], 0)
-            base = offsets[step + 1] + code * vocab
-            divisor = vocab ** (d - 1 - step)
-        else:
-            safe = ops.where(self._in_dense_head(states), states, 0)
-            depth = self._depth(safe)
-            starts = ops.convert_to_tensor(self._depth_tables["depth_start"], "int32")
-            code = safe - gather.take(starts, depth)
-            base = gather.take(ops.convert_to_tensor(offsets, "int32"), depth + 1) + code * vocab
-            powers = [vocab ** (d - 1 - t) for t in range(d)]
-            divisor = gather.take(ops.convert_to_tensor(powers, "int32"), ops.minimum(depth, d - 1))
-        positions = base[:, None] + ops.arange(vocab + 1, dtype="int32")[None, :]
-        boundaries = gather.take(self.member_range_weights["dense_boundaries"], positions)
-        removed = None
-        if eligibility.excluded_codes is not None:
-            removed = eligibility_step.dense_exclusions(
-                eligibility.excluded_codes, code, divisor, vocab
-            )
-        return eligibility_step.dense_keep_mask(
-            self.eligibility_weights["eligibility_words"],
-            self.eligibility_weights["eligibility_directory"],
-            eligibility,
-            boundaries,
-            removed,
-        )
-
-    def _excluded_codes(self, members, counted):
-        """The depth-d code of each counted exclusion, found once per decode
-        in the depth-d part of the boundary table."""
+    def _eligibility_mask_shapes(self):
         layout = self.layout
         if not layout.dense_levels:
-            return None
+            return {}
+        shape = (self.num_eligibility_sets, layout.dense_head_states, layout.mask_words)
+        return {"eligibility_dense": shape}
+
+    def _eligibility_mask_arrays(self, eligibility_sets):
+        layout = self.layout
+        if not layout.dense_levels:
+            return {}
+        boundaries = ops.convert_to_numpy(self.member_range_weights["dense_boundaries"])
+        masks = eligibility_step.dense_eligibility_masks(
+            layout.vocab_size, layout.dense_levels, boundaries, eligibility_sets
+        )
+        return {"eligibility_dense": masks}
+
+    def _dense_exclusions(self, set_ids, members, before):
+        """The codes of each dense depth a request's exclusions empty
+        (`blocked_dense_codes`), found once per decode."""
+        layout = self.layout
         d = layout.dense_levels
-        return eligibility_step.dense_codes(
-            self.member_range_weights["dense_boundaries"],
-            eligibility_step.dense_boundary_offsets(layout)[d],
-            layout.vocab_size**d + 1,
-            members,
-            counted,
+        if not d:
+            return None
+        table = self.member_range_weights["dense_boundaries"]
+        offsets = eligibility_step.dense_boundary_offsets(layout)
+        real = ops.less(members, layout.num_members)
+        codes = eligibility_step.dense_codes(
+            table, offsets[d], layout.vocab_size**d + 1, members, real
+        )
+        request = eligibility_step.RequestEligibility(set_ids, members, before)
+        return eligibility_step.blocked_dense_codes(
+            self.eligibility_weights["eligibility_words"],
+            self.eligibility_weights["eligibility_directory"],
+            request,
+            codes,
+            table,
+            offsets,
+            layout.vocab_size,
         )
 
     def _same_members(self, step) -> bool:

@@ -31,9 +31,13 @@ from typing import NamedTuple
 import numpy as np
 from keras import ops
 
+from static_keras.index import layout as host_layout
 from static_keras.index import member_ranges as host_member_ranges
 from static_keras.layers import eligibility_kernels
 from static_keras.layers import gather
+
+#: The value of each bit of a 32-bit word, as int32 (bit 31 is the sign).
+_BIT_VALUES = (np.uint32(1) << np.arange(32, dtype=np.uint32)).view(np.int32)
 
 # Host tables ------------------------------------------------------------------
 
@@ -67,6 +71,39 @@ def dense_boundary_table(layout, arrays) -> np.ndarray:
     depth = np.full(first_state.size, d, np.int64)
     tables.append(host_member_ranges.first_tail_members(layout, arrays, first_state, depth))
     return np.concatenate(tables).astype(np.int32)
+
+
+def dense_eligibility_masks(vocab_size: int, dense_levels: int, boundaries, sets) -> np.ndarray:
+    """int32 `[S, H, mask_words]`: per set, a mask row for each of the H
+    dense-head states, laid out as the index's `dense_masks`: bit j of the
+    row of state s is set when code j below s has an eligible member.
+
+    A dense step ANDs the row into the index's own before unpacking, so a
+    set costs it one `[R, mask_words]` gather, not a rank per code. The
+    masks are `sum_{t<d} V**t * V` bits per set (about `V**d`), computed
+    from the set bits in one vectorised pass per depth.
+
+    Args:
+        vocab_size, dense_levels: V and d of the index.
+        boundaries: the host `dense_boundary_table` (NumPy).
+        sets: an `EligibilitySets` over the index's members.
+    """
+    vocab, d = vocab_size, dense_levels
+    words = host_layout.dense_mask_words(vocab)
+    offsets = [sum(vocab**u + 1 for u in range(t)) for t in range(d + 1)]
+    boundaries = np.asarray(boundaries, np.int64)
+    masks = np.zeros((sets.num_sets, sum(vocab**t for t in range(d)), words), np.int32)
+    for s in range(sets.num_sets):
+        row = 0
+        for t in range(d):
+            table = boundaries[offsets[t + 1] : offsets[t + 1] + vocab ** (t + 1) + 1]
+            ranks = sets.rank(s, table)
+            has = (ranks[1:] > ranks[:-1]).reshape(vocab**t, vocab)
+            has = np.pad(has, [(0, 0), (0, words * 32 - vocab)])
+            packed = np.packbits(has, axis=1, bitorder="little").view("<u4").view(np.int32)
+            masks[s, row : row + vocab**t] = packed
+            row += vocab**t
+    return masks
 
 
 # Member ranges on the device --------------------------------------------------
@@ -164,9 +201,8 @@ class RequestEligibility(NamedTuple):
         excluded_before: `[R, E + 1]`, the excluded members the eligible counts
             include (real ones; eligible ones where the row has a set)
             before each slot, so a range's share is two reads.
-        excluded_codes: `[R, E + 1]`, kind-specific (semantic IDs: the dense
-            code of depth d each counted exclusion lies below, -1 for the
-            others), read at dense steps.
+        dense_excluded: kind-specific, read at dense steps (semantic IDs:
+            int32 `[R, d, E + 1]`, `blocked_dense_codes`).
         entered: Python bool: every state passed with this was entered under
             it (a beam search), so a step whose states each have one child
             need not filter (that child has the same members).
@@ -175,7 +211,7 @@ class RequestEligibility(NamedTuple):
     set_ids: object = None
     excluded: object = None
     excluded_before: object = None
-    excluded_codes: object = None
+    dense_excluded: object = None
     entered: bool = False
 
 
@@ -225,12 +261,12 @@ def _concrete(x):
 
 
 def prepare(
-    words, num_members: int, eligibility, num_sets: int, excluded_codes=None
+    words, num_members: int, eligibility, num_sets: int, dense_exclusions=None
 ) -> RequestEligibility:
     """A `RequestEligibility` from `(set_ids [R], excluded [R, E])` (checked
     by `check_eligibility`; a `RequestEligibility` is returned as is).
-    `excluded_codes`: None, or a function of the padded sorted members and
-    whether each counts (`[R, E + 1]` each) giving the kind's codes.
+    `dense_exclusions`: None, or the kind's function of `(set_ids, excluded,
+    excluded_before)` giving `dense_excluded`.
 
     Excluded entries may come in any order, repeat, or be padding (any value
     outside `[0, num_members)`): they are sorted, and each member counts once.
@@ -257,10 +293,8 @@ def prepare(
             counted, ops.logical_or(ops.logical_not(restricted[:, None]), eligible)
         )
     searched, before = eligibility_kernels.prepare_counted(members, counted)
-    codes = None
-    if excluded_codes is not None:
-        codes = excluded_codes(searched, ops.pad(counted, [[0, 0], [0, 1]]))
-    return RequestEligibility(set_ids, searched, before, codes)
+    dense = None if dense_exclusions is None else dense_exclusions(set_ids, searched, before)
+    return RequestEligibility(set_ids, searched, before, dense)
 
 
 def repeat_rows(request: RequestEligibility, times: int, entered: bool) -> RequestEligibility:
@@ -286,19 +320,6 @@ def keep_mask(words, directory, request: RequestEligibility, lo, hi):
         count = count - eligibility_kernels.counted_in_ranges(
             request.excluded, request.excluded_before, lo, hi
         )
-    return ops.greater(count, 0)
-
-
-def dense_keep_mask(words, directory, request: RequestEligibility, boundaries, removed):
-    """bool `[R, V]`: `keep_mask` of V consecutive ranges per row, given as
-    their V + 1 boundaries `[R, V + 1]`, less `removed` int32 `[R, V]` (or
-    None): the counted exclusions below each code (`dense_exclusions`)."""
-    count = boundaries[:, 1:] - boundaries[:, :-1]
-    if request.set_ids is not None:
-        ranks = _ranks(words, directory, request.set_ids, boundaries)
-        count = _set_counts(request.set_ids, ranks[:, 1:] - ranks[:, :-1], count)
-    if removed is not None:
-        count = count - removed
     return ops.greater(count, 0)
 
 
@@ -332,25 +353,65 @@ def dense_codes(table, offset: int, size: int, members, counted):
     return ops.where(counted, position - 1, -1)
 
 
-def dense_exclusions(codes, parent, divisor, vocab: int):
-    """int32 `[R, V]`: counted exclusions below each code of a dense step.
+def blocked_dense_codes(words, directory, request: RequestEligibility, codes, table,
+                        offsets, vocab: int):  # fmt: skip
+    """int32 `[R, d, E + 1]`: at `[:, t]`, the codes of depth t + 1 that a
+    row's exclusions empty (no eligible, non-excluded member left below),
+    each once, at the slot of its first excluded member; -1 elsewhere.
+
+    Found once per decode, so a dense step only clears their bits.
 
     Args:
-        codes: int32 `[R, E + 1]`, `RequestEligibility.excluded_codes`.
-        parent: int32 `[R]`, the code of each row's state at its depth t.
-        divisor: int `V**(d - 1 - t)` (a Python int, or int32 `[R]`): the
-            depth-d code over it is the code of depth t + 1.
+        words, directory: int32 `[S, W]` set weights.
+        request: a `RequestEligibility` with `set_ids`, `excluded` and
+            `excluded_before` (no `dense_excluded` yet).
+        codes: int32 `[R, E + 1]`, the depth-d code of each excluded member
+            (`dense_codes`), -1 for padding.
+        table, offsets: the `dense_boundary_table` weight and its
+            `dense_boundary_offsets`.
         vocab: V.
     """
-    if not isinstance(divisor, int):
-        divisor = divisor[:, None]
-    child = ops.floor_divide(codes, divisor)  # -1 stays -1
-    parent_of = ops.floor_divide(child, vocab)
-    hit = ops.logical_and(ops.greater_equal(codes, 0), ops.equal(parent_of, parent[:, None]))
-    rows = ops.shape(codes)[0]
-    column = ops.where(hit, child - parent_of * vocab, vocab)  # misses: a spare column
-    flat = ops.arange(rows, dtype="int32")[:, None] * (vocab + 1) + column
-    removed = ops.segment_sum(
-        ops.reshape(ops.cast(hit, "int32"), (-1,)), ops.reshape(flat, (-1,)), rows * (vocab + 1)
+    d = len(offsets) - 1
+    real = ops.greater_equal(codes, 0)
+    width = ops.shape(codes)[1]
+    out = []
+    for t in range(d):
+        code = ops.where(real, ops.floor_divide(codes, vocab ** (d - 1 - t)), 0)
+        at = offsets[t + 1] + code
+        lo, hi = gather.take(table, at), gather.take(table, at + 1)
+        count = hi - lo
+        if request.set_ids is not None:
+            ranks = _ranks(words, directory, request.set_ids, ops.concatenate([lo, hi], axis=1))
+            count = _set_counts(request.set_ids, ranks[:, width:] - ranks[:, :width], count)
+        left = count - eligibility_kernels.counted_in_ranges(
+            request.excluded, request.excluded_before, lo, hi
+        )
+        first = ops.concatenate(
+            [ops.ones_like(real[:, :1]), ops.not_equal(code[:, 1:], code[:, :-1])], axis=1
+        )
+        blocked = ops.logical_and(ops.logical_and(real, first), ops.less_equal(left, 0))
+        out.append(ops.where(blocked, code, -1))
+    return ops.stack(out, axis=1)
+
+
+def blocked_words(blocked, parent, vocab: int, mask_words: int):
+    """int32 `[R, mask_words]`: the bits of the codes a dense step must clear,
+    laid out as a dense mask row.
+
+    Args:
+        blocked: int32 `[R, E + 1]`, one depth of `blocked_dense_codes`
+            (distinct codes per row, -1 padding).
+        parent: int32 `[R]`, each row's state's code at its depth t.
+        vocab, mask_words: V and the words of a mask row.
+    """
+    rows = ops.shape(blocked)[0]
+    child = ops.floor_divide(blocked, vocab)
+    hit = ops.logical_and(ops.greater_equal(blocked, 0), ops.equal(child, parent[:, None]))
+    token = ops.where(hit, blocked - child * vocab, 0)
+    values = ops.where(hit, gather.take(_BIT_VALUES, ops.bitwise_and(token, 31)), 0)
+    segments = ops.arange(rows, dtype="int32")[:, None] * mask_words + ops.right_shift(token, 5)
+    # Distinct codes: distinct bits, so the sum of a word's values is their OR.
+    words = ops.segment_sum(
+        ops.reshape(values, (-1,)), ops.reshape(segments, (-1,)), rows * mask_words
     )
-    return ops.reshape(removed, (rows, vocab + 1))[:, :vocab]
+    return ops.reshape(words, (rows, mask_words))
