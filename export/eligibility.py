@@ -39,10 +39,13 @@ from static_keras.export.metadata import read_metadata
 from static_keras.export.model_layers import beam_searches
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.member_catalogue import MemberCatalogue
+from static_keras.layers import eligibility_step
 
 ELIGIBLE_SIGNATURE = "serving_eligible"
 SET_ID_INPUT = "set_id"
 EXCLUDED_INPUT = "excluded_item_ids"
+#: Weights of a semantic-ID layer derived from the sets, and what they derive from.
+DENSE_MASKS, DENSE_BOUNDARIES = "eligibility_dense", "dense_boundaries"
 #: The exclusion tables on the serving module: `module.<attribute>[name]`.
 TABLES_ATTRIBUTE = "eligibility_tables"
 TABLE_IDS = "eligibility_sorted_item_ids"
@@ -129,13 +132,20 @@ def signature_metadata(search, variable_keys: Mapping[str, str]) -> dict:
     """What `refresh_eligibility` needs to find and check the set variables."""
     constraint = search.constraint
     catalogue = MemberCatalogue(member_item_ids(constraint), constraint.layout.num_members)
-    return {
+    metadata = {
         "signature": ELIGIBLE_SIGNATURE,
         "inputs": [SET_ID_INPUT, EXCLUDED_INPUT],
         "num_members": catalogue.num_members,
         "catalogue_fingerprint": catalogue.fingerprint,
         "variables": dict(variable_keys),
     }
+    if DENSE_MASKS in variable_keys:  # derived from the sets: a refresh rewrites them too
+        layout = constraint.layout
+        metadata["dense_masks"] = {
+            "vocab_size": layout.vocab_size,
+            "dense_levels": layout.dense_levels,
+        }
+    return metadata
 
 
 # Refresh ---------------------------------------------------------------------
@@ -232,7 +242,8 @@ def refresh_eligibility(
 
     def write(staging):
         shutil.copytree(source, staging)
-        _rewrite_checkpoint(staging, metadata["eligibility"]["variables"], sets)
+        info = metadata["eligibility"]
+        _rewrite_checkpoint(staging, info["variables"], sets, info.get("dense_masks"))
         metadata["eligibility_refresh"] = {
             "source_version": source_version,
             "refreshed_unix": time.time(),
@@ -286,14 +297,20 @@ def _new_sets(current: EligibilitySets, eligibility_sets) -> EligibilitySets:
     return sets
 
 
-def _rewrite_checkpoint(saved_model_dir: str, keys: Mapping[str, str], sets) -> None:
+def _rewrite_checkpoint(saved_model_dir: str, keys: Mapping[str, str], sets, dense=None) -> None:
     """Rewrites the version's checkpoint: every tensor as it was (the object
-    graph included) except the eligibility words and directory."""
+    graph included) except the eligibility words and directory, and the
+    dense-step masks derived from them (`dense`: their metadata, or None)."""
     prefix = os.path.join(saved_model_dir, "variables", "variables")
     reader = tf.train.load_checkpoint(prefix)
+    arrays = sets.device_arrays()
+    if dense is not None:
+        boundaries = reader.get_tensor(_checkpoint_key("model_variables", keys[DENSE_BOUNDARIES]))
+        arrays[DENSE_MASKS] = eligibility_step.dense_eligibility_masks(
+            dense["vocab_size"], dense["dense_levels"], boundaries, sets
+        )
     replaced = {
-        _checkpoint_key("model_variables", keys[name]): array
-        for name, array in sets.device_arrays().items()
+        _checkpoint_key("model_variables", keys[name]): array for name, array in arrays.items()
     }
     names = sorted(reader.get_variable_to_dtype_map())
     tensors = []

@@ -246,7 +246,8 @@ def export_saved_model(
     )
     if eligible_search is not None:
         keys = {id(variable): key for key, variable in module.model_variables.items()}
-        weights = eligible_search.constraint.eligibility_weights
+        constraint = eligible_search.constraint
+        weights = {**constraint.eligibility_weights, **constraint.member_range_weights}
         metadata["eligibility_sets"] = list(eligible_search.constraint.eligibility_names or ())
         metadata["eligibility"] = eligible.signature_metadata(
             eligible_search, {name: keys[id(w.value)] for name, w in weights.items()}

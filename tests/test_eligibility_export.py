@@ -214,9 +214,12 @@ def test_refresh_changes_only_the_eligibility_variables(eligible_model, tmp_path
         if not np.array_equal(old_reader.get_tensor(key), new_reader.get_tensor(key))
     }  # fmt: skip
     assert changed and all(
-        "eligibility_words" in k or "eligibility_directory" in k for k in changed
+        "eligibility_words" in k or "eligibility_directory" in k or "eligibility_dense" in k
+        for k in changed
     )
     assert read_metadata(new)["eligibility_refresh"]["source_version"] == 1
+    # The dense-step masks derive from the sets: rewritten with them.
+    assert index.layout.dense_levels and any("eligibility_dense" in k for k in changed)
 
     context, set_ids, excluded = _request(index, 6, seed=4)
     inputs = {"history": context, "set_id": set_ids, "excluded_item_ids": excluded}
@@ -248,7 +251,15 @@ def test_refresh_from_the_command_line(eligible_model, tmp_path, capsys):
     np.save(tmp_path / "fr.npy", ids[:4])
     np.savetxt(tmp_path / "in_stock.csv", ids[2:9], fmt="%d")
     fr, in_stock = f"fr={tmp_path / 'fr.npy'}", f"in_stock={tmp_path / 'in_stock.csv'}"
-    command = ["refresh-eligibility", "--model-base-path", str(base), "--set", fr, "--set", in_stock]
+    command = [
+        "refresh-eligibility",
+        "--model-base-path",
+        str(base),
+        "--set",
+        fr,
+        "--set",
+        in_stock,
+    ]
     assert cli.main(command) == 0
     assert "published version 2" in capsys.readouterr().out
     assert read_eligibility(base / "2").sizes() == {"in_stock": 7, "fr": 4}

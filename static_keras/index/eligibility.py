@@ -6,15 +6,20 @@ beside the index, over its member numbers, and a decoding step asks of each
 candidate next state "is any eligible, non-excluded member below it?". The
 members below a state are one range `[lo, hi)` (`TokenAutomaton.member_ranges`),
 which makes the question a rank difference over a bit vector, the same
-fixed-width, branch-free gather for every row:
+fixed-width, branch-free gathers for every row:
 
-    rank(i) = directory[i >> 5] + popcount(words[i >> 5] & ((1 << (i & 31)) - 1))
+    w = i >> 5
+    rank(i) = directory[i >> 6] + popcount(words[w - 1]) if w is odd
+              + popcount(words[w] & ((1 << (i & 31)) - 1))
     count(lo, hi) = rank(hi) - rank(lo)
 
 A set is `W = num_members // 32 + 1` uint32 words (bit `m & 31` of word
-`m >> 5` is member m) plus one uint32 per word, the eligible members before
-it: 2 bits per member, and the last word always has room for position
-`num_members`, so `rank(num_members)` needs no clamp on the device. Per-request
+`m >> 5` is member m) plus one uint32 per pair of words, the eligible
+members before the pair: 1.5 bits per member, and the last word always has
+room for position `num_members`, so `rank(num_members)` needs no clamp on
+the device. (A layer adds, for the dense steps of a semantic-ID index, a
+mask row per dense-head state: `eligibility_step.dense_eligibility_masks`.)
+Per-request
 exclusions (items the user has already seen) are a few member numbers per
 row (`MemberCatalogue.exclusion_members`); the exact rule is
 
@@ -40,10 +45,10 @@ import numpy as np
 from static_keras.index import npz_archive
 from static_keras.index.member_catalogue import MemberCatalogue
 
-__all__ = ["EligibilitySets", "MemberCatalogue", "words_per_set"]
+__all__ = ["EligibilitySets", "MemberCatalogue", "directory_size", "words_per_set"]
 
 FORMAT_NAME = "static-keras-eligibility"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: one directory entry per pair of words (1: per word)
 
 
 def words_per_set(num_members: int) -> int:
@@ -52,8 +57,13 @@ def words_per_set(num_members: int) -> int:
     return num_members // 32 + 1
 
 
+def directory_size(num_members: int) -> int:
+    """Directory entries of one set: one per pair of words."""
+    return (words_per_set(num_members) + 1) // 2
+
+
 def _pack(members: np.ndarray, num_members: int) -> tuple[np.ndarray, np.ndarray]:
-    """One set's `(words uint32 [W], directory uint32 [W])` from member numbers
+    """One set's `(words uint32 [W], directory uint32 [D])` from member numbers
     (-1: no member; it lands in a spare last slot that is not packed)."""
     size = words_per_set(num_members) * 32
     bits = np.zeros(size + 1, bool)
@@ -63,18 +73,19 @@ def _pack(members: np.ndarray, num_members: int) -> tuple[np.ndarray, np.ndarray
 
 
 def _directory(words: np.ndarray) -> np.ndarray:
-    """uint32, same shape: eligible members before each word (along the last axis)."""
-    directory = np.zeros(words.shape, np.uint32)
+    """uint32 `[..., D]`: eligible members before each pair of words (along
+    the last axis)."""
+    before = np.zeros(words.shape, np.uint32)
     counts = np.bitwise_count(words[..., :-1])
-    np.cumsum(counts, axis=-1, dtype=np.uint32, out=directory[..., 1:])
-    return directory
+    np.cumsum(counts, axis=-1, dtype=np.uint32, out=before[..., 1:])
+    return np.ascontiguousarray(before[..., ::2])
 
 
 class EligibilitySets:
     """S named eligibility sets over the members of one index (read-only).
 
     Each set is a bit vector over member numbers plus a rank directory (see
-    the module docstring): 2 bits per member per set. Build one with
+    the module docstring): 1.5 bits per member per set. Build one with
     `EligibilitySets.build(index, {name: item_ids})`; `replace` refreshes one
     set from a new id list and returns a new object (this one never
     changes, so a decoding thread holding it is never torn); the host
@@ -104,8 +115,12 @@ class EligibilitySets:
                 raise ValueError(f"Set names must be non-empty strings. Received: {name!r}")
         if len(set(names)) != len(names):
             raise ValueError(f"Set names must be distinct. Received: {list(names)}")
-        shape = (len(names), words_per_set(catalogue.num_members))
+        shapes = {
+            "words": (len(names), words_per_set(catalogue.num_members)),
+            "directory": (len(names), directory_size(catalogue.num_members)),
+        }
         for label, array in (("words", words), ("directory", directory)):
+            shape = shapes[label]
             if array.shape != shape or array.dtype != np.uint32:
                 raise ValueError(
                     f"`{label}` must be uint32 {shape}. Received {array.dtype} {array.shape}"
@@ -151,7 +166,7 @@ class EligibilitySets:
 
     @property
     def directory(self) -> np.ndarray:
-        """uint32 `[S, W]` (read-only): eligible members before each word."""
+        """uint32 `[S, D]` (read-only): eligible members before each pair of words."""
         return self._directory
 
     @property
@@ -161,7 +176,7 @@ class EligibilitySets:
 
     @property
     def bits_per_member(self) -> float:
-        """Bits per member per set (2, plus one word of room per set)."""
+        """Bits per member per set (1.5, plus a word of room per set)."""
         return 8 * self.nbytes / (self.num_sets * max(self.num_members, 1))
 
     def set_id(self, name: str) -> int:
@@ -173,11 +188,11 @@ class EligibilitySets:
 
     def sizes(self) -> dict[str, int]:
         """Eligible members per set."""
-        totals = self._directory[:, -1] + np.bitwise_count(self._words[:, -1])
-        return dict(zip(self._names, totals.astype(np.int64).tolist()))
+        totals = np.bitwise_count(self._words).sum(axis=1, dtype=np.int64)
+        return dict(zip(self._names, totals.tolist()))
 
     def device_arrays(self) -> dict[str, np.ndarray]:
-        """int32 `[S, W]` words (the same bits) and directory, for keras.ops."""
+        """int32 words `[S, W]` (the same bits) and directory `[S, D]`, for keras.ops."""
         return {
             "eligibility_words": self._words.view(np.int32),
             "eligibility_directory": self._directory.view(np.int32),
@@ -221,7 +236,13 @@ class EligibilitySets:
         word = positions >> 5
         below = (np.uint64(1) << (positions & 31).astype(np.uint64)) - np.uint64(1)
         bits = self._words[sets, word].astype(np.uint64) & below
-        return self._directory[sets, word].astype(np.int64) + np.bitwise_count(bits)
+        odd = (word & 1).astype(bool)
+        previous = np.where(odd, self._words[sets, word - odd], 0)  # the pair's first word
+        return (
+            self._directory[sets, positions >> 6].astype(np.int64)
+            + np.bitwise_count(previous)
+            + np.bitwise_count(bits)
+        )
 
     def count(self, set_ids, lo, hi) -> np.ndarray:
         """int64: eligible members in `[lo, hi)` (`lo <= hi`), broadcast."""
@@ -296,10 +317,11 @@ class EligibilitySets:
                 f"{os.fspath(path)!r} was written for another catalogue (its member -> "
                 "item id map differs): rebuild the sets for this index"
             )
-        shape = ((len(names), words_per_set(catalogue.num_members)), np.dtype(np.uint32))
-        npz_archive.check_arrays(
-            repr(os.fspath(path)), arrays, {"words": shape, "directory": shape}
-        )
+        shapes = {
+            "words": ((len(names), words_per_set(catalogue.num_members)), np.dtype(np.uint32)),
+            "directory": ((len(names), directory_size(catalogue.num_members)), np.dtype(np.uint32)),
+        }
+        npz_archive.check_arrays(repr(os.fspath(path)), arrays, shapes)
         if not np.array_equal(arrays["directory"], _directory(arrays["words"])):
             raise ValueError(f"{os.fspath(path)!r}: the rank directory does not match the bits")
         return cls(names, arrays["words"], arrays["directory"], catalogue)

@@ -35,6 +35,7 @@ from static_keras.constants import PAD_TOKEN
 from static_keras.index import archive
 from static_keras.index.automaton import TokenAutomaton
 from static_keras.index.eligibility import EligibilitySets
+from static_keras.index.eligibility import directory_size
 from static_keras.index.eligibility import words_per_set
 from static_keras.layers import eligibility_step
 from static_keras.layers import gather
@@ -229,8 +230,11 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         self.member_range_weights = {}
         if not self.num_eligibility_sets:
             return
-        shape = (self.num_eligibility_sets, words_per_set(self.layout.num_members))
-        shapes = {"eligibility_words": shape, "eligibility_directory": shape}
+        sets, members = self.num_eligibility_sets, self.layout.num_members
+        shapes = {
+            "eligibility_words": (sets, words_per_set(members)),
+            "eligibility_directory": (sets, directory_size(members)),
+        }
         shapes.update(self._eligibility_mask_shapes())
         for name, shape in shapes.items():
             self.eligibility_weights[name] = self.add_weight(

@@ -1,7 +1,7 @@
 """Device kernels of eligibility sets: popcount, rank and range counts in keras.ops.
 
 The device half of `static_keras.index.eligibility.EligibilitySets`: the
-same bit words and rank directory (`device_arrays()`, int32 `[S, W]`), the
+same bit words and rank directory (`device_arrays()`, int32), the
 same answers as its NumPy `rank`, `contains` and `eligible_in_range`. Every
 function is elementwise arithmetic and gathers on static shapes, with no
 data-dependent control flow, so it runs unchanged on TensorFlow, JAX and
@@ -72,23 +72,30 @@ def _flat_index(words, set_ids, positions):
 def rank(words, directory, set_ids, positions):
     """int32: eligible members before each position of each set.
 
-    `rank(i) = directory[i >> 5] + popcount(words[i >> 5] & low_bits(i & 31))`;
-    the low-bit mask is `0x7FFFFFFF >> (31 - b)` (b ones, b in [0, 31]), so
-    no shift ever reaches the sign bit.
+    `rank(i) = directory[i >> 6] + popcount(words[w - 1]) (w = i >> 5 odd)
+    + popcount(words[w] & low_bits(i & 31))`; the low-bit mask is
+    `0x7FFFFFFF >> (31 - b)` (b ones, b in [0, 31]), so no shift ever
+    reaches the sign bit.
 
     Args:
         words: int32 `[S, W]`, `EligibilitySets.device_arrays()["eligibility_words"]`.
-        directory: int32 `[S, W]`, `...["eligibility_directory"]`.
+        directory: int32 `[S, D]`, `...["eligibility_directory"]`.
         set_ids: int `[...]`, broadcast against `positions` (e.g. `[R, 1]`
             for `[R, B]` positions).
         positions: int `[...]` in `[0, num_members]`.
     """
+    positions = ops.cast(positions, "int32")
+    set_ids = ops.cast(set_ids, "int32")
     flat = _flat_index(words, set_ids, positions)
-    bit = ops.bitwise_and(ops.cast(positions, "int32"), 31)
+    bit = ops.bitwise_and(positions, 31)
     below = ops.right_shift(ops.full_like(bit, _LOW31), 31 - bit)
-    word = gather.take(ops.reshape(words, (-1,)), flat)
-    before = gather.take(ops.reshape(directory, (-1,)), flat)
-    return before + popcount32(ops.bitwise_and(word, below))
+    flat_words = ops.reshape(words, (-1,))
+    word = gather.take(flat_words, flat)
+    odd = ops.bitwise_and(ops.right_shift(positions, 5), 1)
+    previous = ops.bitwise_and(gather.take(flat_words, flat - odd), -odd)  # 0 unless odd
+    at = set_ids * directory.shape[1] + ops.right_shift(positions, 6)
+    before = gather.take(ops.reshape(directory, (-1,)), at)
+    return before + popcount32(previous) + popcount32(ops.bitwise_and(word, below))
 
 
 def contains(words, set_ids, members):
@@ -166,7 +173,7 @@ def eligible_in_range(words, directory, set_ids, lo, hi, excluded_members=None):
     padding `num_members` lies in no range).
 
     Args:
-        words, directory: int32 `[S, W]` (see `rank`).
+        words, directory: int32 `[S, W]`, `[S, D]` (see `rank`).
         set_ids: int `[R]`, the set of each row.
         lo, hi: int `[R, B]`, the member ranges of each row's candidates.
         excluded_members: optional int `[R, E]`, sorted distinct member

@@ -307,7 +307,7 @@ def keep_mask(words, directory, request: RequestEligibility, lo, hi):
     """bool `[R, K]`: whether `[lo, hi)` holds an eligible, non-excluded member.
 
     Args:
-        words, directory: int32 `[S, W]` weights.
+        words, directory: int32 `[S, W]`, `[S, D]` weights.
         request: a `RequestEligibility`.
         lo, hi: int32 `[R, K]` member ranges of each row's candidate states.
     """
@@ -362,7 +362,7 @@ def blocked_dense_codes(words, directory, request: RequestEligibility, codes, ta
     Found once per decode, so a dense step only clears their bits.
 
     Args:
-        words, directory: int32 `[S, W]` set weights.
+        words, directory: int32 `[S, W]`, `[S, D]` set weights.
         request: a `RequestEligibility` with `set_ids`, `excluded` and
             `excluded_before` (no `dense_excluded` yet).
         codes: int32 `[R, E + 1]`, the depth-d code of each excluded member
