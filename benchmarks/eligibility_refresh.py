@@ -9,7 +9,11 @@ its own), it measures:
   per index) and its bytes;
 - `EligibilitySets.replace` of one set (of 3) from a random 50% subset of
   the item ids: median of 5 (the subsets are drawn before the clock starts);
-- bits per member per set (words plus rank directory);
+- the dense-step mask rows a layer (`set_eligibility`) and a served refresh
+  recompute for the replaced set (`dense_eligibility_masks`), so the refresh
+  is `replace` plus those;
+- bits per member per set (words plus rank directory), and with the dense
+  masks;
 - the bytes `member_ranges` adds to the index (its dense-head table) against
   the index `nbytes`, and the host time of `member_ranges` and `count` for
   65,536 random tail states (candidate next states).
@@ -44,6 +48,8 @@ def _measure(n: int, vocab_size: int, length: int, dense_levels: int, seed: int)
     from static_keras import StaticIndex
     from static_keras.index.eligibility import EligibilitySets
     from static_keras.index.eligibility import MemberCatalogue
+    from static_keras.layers.eligibility_step import dense_boundary_table
+    from static_keras.layers.eligibility_step import dense_eligibility_masks
 
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, vocab_size, size=(n, length), dtype=np.uint16)
@@ -73,6 +79,17 @@ def _measure(n: int, vocab_size: int, length: int, dense_levels: int, seed: int)
     assert refreshed.sizes()["in_stock"] == half  # a permutation: every id is a member
     replace_s = statistics.median(times)
 
+    # What a layer (`set_eligibility`) and a served refresh also compute: the
+    # dense-step mask rows of every set, from the (per-index) boundary table.
+    # Only the replaced set's masks are recomputed (its bits changed).
+    table = dense_boundary_table(index.layout, index.arrays)
+    held = (sets.device_arrays()["eligibility_words"],
+            dense_eligibility_masks(vocab_size, index.dense_levels, table, sets))  # fmt: skip
+    start = time.perf_counter()
+    masks = dense_eligibility_masks(vocab_size, index.dense_levels, table, refreshed, held)
+    masks_s = time.perf_counter() - start
+    refresh_s = replace_s + masks_s
+
     layout = index.layout
     states = rng.integers(layout.dense_head_states, layout.state_space, QUERIES)
     start = time.perf_counter()
@@ -96,7 +113,13 @@ def _measure(n: int, vocab_size: int, length: int, dense_levels: int, seed: int)
         "replace_s": round(replace_s, 4),
         "replace_max_s": round(max(times), 4),
         "build_over_replace": round(build_s / replace_s, 1),
+        "dense_masks_s": round(masks_s, 4),
+        "refresh_s": round(refresh_s, 4),
+        "build_over_refresh": round(build_s / refresh_s, 1),
         "bits_per_member_per_set": round(refreshed.bits_per_member, 4),
+        "layer_bits_per_member_per_set": round(
+            8 * (refreshed.nbytes + masks.nbytes) / (refreshed.num_sets * index.num_members), 4
+        ),
         "sets_mb": round(refreshed.nbytes / 1e6, 3),
         "index_mb": round(index.nbytes / 1e6, 2),
         "member_range_bytes": index.member_range_nbytes,
@@ -135,8 +158,10 @@ def main(argv=None) -> None:
 def _format(row: dict) -> str:
     return (
         f"N={row['n']:>10,}  build {row['build_s']:6.2f} s  replace {row['replace_s']:.3f} s "
-        f"(x{row['build_over_replace']:.0f} faster)  {row['bits_per_member_per_set']:.3f} "
-        f"bits/member/set  member-range table {row['member_range_bytes']:,} B "
+        f"+ dense masks {row['dense_masks_s']:.3f} s = refresh {row['refresh_s']:.3f} s "
+        f"(x{row['build_over_refresh']:.0f} faster)  {row['bits_per_member_per_set']:.3f} "
+        f"bits/member/set ({row['layer_bits_per_member_per_set']:.3f} with dense masks)  "
+        f"member-range table {row['member_range_bytes']:,} B "
         f"({row['member_range_share']} of {row['index_mb']:.0f} MB)  catalogue "
         f"{row['catalogue_mb']:.0f} MB host  ranges(64k) {row['member_ranges_64k_s']:.3f} s  "
         f"count(64k) {row['count_64k_s']:.4f} s  peak {row['peak_rss_gb']:.2f} GB"

@@ -305,9 +305,16 @@ def _rewrite_checkpoint(saved_model_dir: str, keys: Mapping[str, str], sets, den
     reader = tf.train.load_checkpoint(prefix)
     arrays = sets.device_arrays()
     if dense is not None:
-        boundaries = reader.get_tensor(_checkpoint_key("model_variables", keys[DENSE_BOUNDARIES]))
+        held = {
+            name: reader.get_tensor(_checkpoint_key("model_variables", keys[name]))
+            for name in ("eligibility_words", DENSE_MASKS, DENSE_BOUNDARIES)
+        }
         arrays[DENSE_MASKS] = eligibility_step.dense_eligibility_masks(
-            dense["vocab_size"], dense["dense_levels"], boundaries, sets
+            dense["vocab_size"],
+            dense["dense_levels"],
+            held[DENSE_BOUNDARIES],
+            sets,
+            (held["eligibility_words"], held[DENSE_MASKS]),  # unchanged sets keep theirs
         )
     replaced = {
         _checkpoint_key("model_variables", keys[name]): array for name, array in arrays.items()

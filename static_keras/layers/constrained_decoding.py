@@ -326,8 +326,12 @@ class ConstrainedDecoding(AutomatonConstraint):
         if not layout.dense_levels:
             return {}
         boundaries = ops.convert_to_numpy(self.member_range_weights["dense_boundaries"])
+        current = (
+            ops.convert_to_numpy(self.eligibility_weights["eligibility_words"]),
+            ops.convert_to_numpy(self.eligibility_weights["eligibility_dense"]),
+        )
         masks = eligibility_step.dense_eligibility_masks(
-            layout.vocab_size, layout.dense_levels, boundaries, eligibility_sets
+            layout.vocab_size, layout.dense_levels, boundaries, eligibility_sets, current
         )
         return {"eligibility_dense": masks}
 

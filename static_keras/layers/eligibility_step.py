@@ -73,37 +73,59 @@ def dense_boundary_table(layout, arrays) -> np.ndarray:
     return np.concatenate(tables).astype(np.int32)
 
 
-def dense_eligibility_masks(vocab_size: int, dense_levels: int, boundaries, sets) -> np.ndarray:
+def dense_eligibility_masks(
+    vocab_size: int, dense_levels: int, boundaries, sets, previous=None
+) -> np.ndarray:
     """int32 `[S, H, mask_words]`: per set, a mask row for each of the H
     dense-head states, laid out as the index's `dense_masks`: bit j of the
     row of state s is set when code j below s has an eligible member.
 
     A dense step ANDs the row into the index's own before unpacking, so a
     set costs it one `[R, mask_words]` gather, not a rank per code. The
-    masks are `sum_{t<d} V**t * V` bits per set (about `V**d`), computed
-    from the set bits in one vectorised pass per depth.
+    masks are `sum_{t<d} V**t` rows of V bits per set (about `V**d` bits),
+    computed from the set bits with one rank per code boundary.
 
     Args:
         vocab_size, dense_levels: V and d of the index.
         boundaries: the host `dense_boundary_table` (NumPy).
         sets: an `EligibilitySets` over the index's members.
+        previous: optional `(words, masks)` the device holds now (int32
+            `[S, W]` and this function's output for them): sets whose bits
+            did not change keep their masks (a refresh of one set computes
+            one set's masks).
     """
     vocab, d = vocab_size, dense_levels
-    words = host_layout.dense_mask_words(vocab)
+    mask_words = host_layout.dense_mask_words(vocab)
     offsets = [sum(vocab**u + 1 for u in range(t)) for t in range(d + 1)]
     boundaries = np.asarray(boundaries, np.int64)
-    masks = np.zeros((sets.num_sets, sum(vocab**t for t in range(d)), words), np.int32)
+    words = sets.device_arrays()["eligibility_words"]
+    masks = np.zeros((sets.num_sets, sum(vocab**t for t in range(d)), mask_words), np.int32)
     for s in range(sets.num_sets):
+        if previous is not None and np.array_equal(previous[0][s], words[s]):
+            masks[s] = previous[1][s]
+            continue
         row = 0
         for t in range(d):
             table = boundaries[offsets[t + 1] : offsets[t + 1] + vocab ** (t + 1) + 1]
-            ranks = sets.rank(s, table)
+            ranks = _host_rank(sets, s, table)
             has = (ranks[1:] > ranks[:-1]).reshape(vocab**t, vocab)
-            has = np.pad(has, [(0, 0), (0, words * 32 - vocab)])
+            has = np.pad(has, [(0, 0), (0, mask_words * 32 - vocab)])
             packed = np.packbits(has, axis=1, bitorder="little").view("<u4").view(np.int32)
             masks[s, row : row + vocab**t] = packed
             row += vocab**t
     return masks
+
+
+def _host_rank(sets, row: int, positions: np.ndarray) -> np.ndarray:
+    """`sets.rank(row, positions)` for many in-range positions, in uint32
+    (about twice as fast as the checked int64 query)."""
+    words, directory = sets.words[row], sets.directory[row]
+    word = positions >> 5
+    below = np.left_shift(np.uint32(1), (positions & 31).astype(np.uint32)) - np.uint32(1)
+    odd = (word & 1).astype(np.uint32)
+    previous = words[word - odd] * odd  # the pair's first word when w is odd, else 0
+    counts = np.bitwise_count(previous) + np.bitwise_count(words[word] & below)
+    return directory[positions >> 6] + counts
 
 
 # Member ranges on the device --------------------------------------------------
