@@ -132,12 +132,13 @@ def eligibility(index: StaticIndex) -> None:
     note = f"word 0 = {int(sets.words[0, 0])}; member {int(excluded[0, 0])} excluded (orange)"
     _strip(axis, 0.2, bits.tolist(), "set bits", colors=colors, note=note)
     _strip(axis, -0.8, sets.directory[0].tolist(), "directory",
-           note="eligible members before each 32-bit word (one word here)")  # fmt: skip
+           note="eligible members before each pair of 32-bit words (one here)")  # fmt: skip
     formula = (
-        "rank(i) = directory[i >> 5] + popcount(word[i >> 5] & ((1 << (i & 31)) - 1))\n"
+        "rank(i) = directory[i >> 6] + popcount(word[w - 1] if w = i >> 5 is odd)\n"
+        "          + popcount(word[w] & ((1 << (i & 31)) - 1))\n"
         "enterable(s) = rank(hi) - rank(lo) - #{excluded m in [lo, hi), m in set} > 0"
     )
-    axis.text(0, -1.9, formula, fontsize=8.5, family="monospace", va="center")
+    axis.text(0, -2.0, formula, fontsize=8.5, family="monospace", va="center")
     axis.set_title("Members below each state: one range [lo, hi) of sorted leaves. One set: "
                    "bits + rank directory.\nRequest: set {m1, m2, m5}, m5 excluded "
                    "(green: enterable)", fontsize=10)  # fmt: skip

@@ -2,8 +2,9 @@
 
 - device member ranges (`layer.member_ranges`) against the host
   `member_ranges` at every state, static and mixed depths, both kinds;
-- the candidates of a step with eligibility against the host enterable rule
-  over each allowed token's next state, every step, static and tensor steps;
+- the candidates of a step with eligibility (and the mask-mode allowed
+  tokens) against the host enterable rule over each allowed token's next
+  state, every step, static and tensor steps;
 - beam search with per-row set ids and exclusions against exhaustive ranking
   of exactly the eligible, non-excluded members (beam >= their number), and
   every result eligible with no padding while eligible results exist (beam
@@ -153,6 +154,16 @@ def test_candidates_keep_exactly_the_enterable_next_states(dense_levels):
                     nxt[r][tokens[r] >= 0],
                     index.next_states(np.full(got.size, row_states[r]), got),
                 )
+            # Mask mode keeps exactly the same tokens.
+            allowed = np.asarray(
+                layer.allowed_mask(row_states, any_step, eligibility=(set_ids, excluded))
+            )
+            masked = np.asarray(
+                layer.mask_logits(logits, row_states, any_step, eligibility=(set_ids, excluded))
+            )
+            for r in range(row_states.size):
+                assert set(np.flatnonzero(allowed[r]).tolist()) == expected[r], (step, any_step)
+                assert set(np.flatnonzero(masked[r] > -1e8).tolist()) == expected[r]
         scores = layer.vocabulary_scores(logits, row_states, step, eligibility=(set_ids, excluded))
         if step < dense_levels:
             scores = np.asarray(scores)

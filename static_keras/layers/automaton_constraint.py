@@ -366,11 +366,12 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
 
     # Decoding ----------------------------------------------------------------
 
-    def call(self, logits, states, step=None, mode: str = "candidates", top_k=None):
+    def call(self, logits, states, step=None, mode: str = "candidates", top_k=None,
+             eligibility=None):  # fmt: skip
         if mode == "candidates":
-            return self.candidates(logits, states, step, top_k=top_k)
+            return self.candidates(logits, states, step, top_k=top_k, eligibility=eligibility)
         if mode == "mask":
-            return self.mask_logits(logits, states, step)
+            return self.mask_logits(logits, states, step, eligibility=eligibility)
         raise ValueError(f"`mode` must be 'candidates' or 'mask'. Received: mode={mode!r}")
 
     def candidates(self, logits, states, step=None, top_k: int | None = None, eligibility=None):
@@ -420,14 +421,23 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         allowed = self._dense_allowed(states, t, eligibility)
         return ops.where(allowed, ops.cast(log_probs, "float32"), -np.inf)
 
-    def allowed_mask(self, states, step=None):
-        """bool `[R, V]`: the allowed next tokens of each row."""
+    def allowed_mask(self, states, step=None, eligibility=None):
+        """bool `[R, V]`: the allowed next tokens of each row.
+
+        `eligibility`: as in `candidates`; then only tokens whose next state
+        has an eligible, non-excluded member below are allowed.
+        """
         t = self._static_step(step)
         states = ops.cast(states, "int32")
+        if eligibility is not None:
+            eligibility = self.check_eligibility(eligibility)
         if t is not None and self._is_dense(t):
-            return self._dense_allowed(states, t)
+            return self._dense_allowed(states, t, eligibility)
         edges, ok = self._sparse_slots(states, t)
         tokens = ops.cast(gather.take(self.index_weights["tokens"], edges), "int32")
+        if eligibility is not None and not (eligibility.entered and self._same_members(t)):
+            lo, hi = self._member_ranges(self._edge_targets(edges), None if t is None else t + 1)
+            ok = ops.logical_and(ok, self._keep(eligibility, lo, hi))
         # Scatter the valid slots into [R, V + 1]; padding slots land in the
         # spare last column, which is dropped.
         vocab = self.layout.vocab_size
@@ -445,12 +455,13 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         allowed = ops.greater(counts[:, :vocab], 0)
         if t is None and self.layout.dense_levels:
             here = ops.expand_dims(self._in_dense_head(states), 1)
-            allowed = ops.where(here, self._dense_allowed(states, None), allowed)
+            allowed = ops.where(here, self._dense_allowed(states, None, eligibility), allowed)
         return allowed
 
-    def mask_logits(self, logits, states, step=None):
-        """float32 `[R, V]`: `logits` with disallowed tokens set to `MASKED_LOGIT`."""
-        allowed = self.allowed_mask(states, step)
+    def mask_logits(self, logits, states, step=None, eligibility=None):
+        """float32 `[R, V]`: `logits` with disallowed tokens set to `MASKED_LOGIT`
+        (`eligibility`: as in `allowed_mask`)."""
+        allowed = self.allowed_mask(states, step, eligibility)
         return ops.where(allowed, ops.cast(logits, "float32"), MASKED_LOGIT)
 
     def advance(self, states, tokens, step=None):
