@@ -25,18 +25,11 @@ Prints a table and writes benchmarks/results/eligibility_refresh.csv.
 
 from __future__ import annotations
 
-import argparse
-import os
 import resource
 import statistics
-import sys
 import time
 
-from benchmarks.decoding.common import RESULTS_DIR
-from benchmarks.decoding.common import child_main
-from benchmarks.decoding.common import machine_line
-from benchmarks.decoding.common import size_sweep
-from benchmarks.decoding.common import write_csv
+from benchmarks.decoding.common import index_size_sweep
 
 QUERIES = 65_536
 REPEATS = 5
@@ -131,28 +124,16 @@ def _measure(n: int, vocab_size: int, length: int, dense_levels: int, seed: int)
     }
 
 
-def _child(config: dict) -> list[dict]:
-    keys = ("n", "vocab_size", "length", "dense_levels", "seed")
-    return [_measure(*(config[key] for key in keys))]
-
-
 def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if child_main(_child, argv):
-        return
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", nargs="+", type=float, default=[1e5, 1e6, 1e7, 2e7])
-    parser.add_argument("--vocab-size", type=int, default=2048)
-    parser.add_argument("--length", type=int, default=8)
-    parser.add_argument("--dense-levels", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=os.path.join(RESULTS_DIR, "eligibility_refresh.csv"))
-    args = parser.parse_args(argv)
-    config = {key: getattr(args, key) for key in ("vocab_size", "length", "dense_levels", "seed")}
-    rows = size_sweep("benchmarks.eligibility_refresh", args.sizes, config, _format)
-    write_csv(args.out, rows)
-    print(machine_line())
-    print(f"wrote {args.out}")
+    index_size_sweep(
+        "benchmarks.eligibility_refresh",
+        __doc__,
+        _measure,
+        _format,
+        (1e5, 1e6, 1e7, 2e7),
+        "eligibility_refresh.csv",
+        argv,
+    )
 
 
 def _format(row: dict) -> str:

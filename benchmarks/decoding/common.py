@@ -243,6 +243,31 @@ def size_sweep(module: str, sizes, config: dict, format_row) -> list[dict]:
     return rows
 
 
+def index_size_sweep(module: str, doc: str, measure, format_row, sizes, csv_name, argv=None):
+    """The main of a per-N benchmark over random semantic IDs: parses
+    `--sizes --vocab-size --length --dense-levels --seed --out`, runs
+    `measure(n, vocab_size, length, dense_levels, seed) -> row` in one child
+    process per N (`size_sweep`), prints the rows and writes the CSV."""
+    import argparse
+
+    argv = sys.argv[1:] if argv is None else argv
+    keys = ("vocab_size", "length", "dense_levels", "seed")
+    if child_main(lambda config: [measure(config["n"], *(config[k] for k in keys))], argv):
+        return
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", type=float, default=list(sizes))
+    parser.add_argument("--vocab-size", type=int, default=2048)
+    parser.add_argument("--length", type=int, default=8)
+    parser.add_argument("--dense-levels", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=os.path.join(RESULTS_DIR, csv_name))
+    args = parser.parse_args(argv)
+    rows = size_sweep(module, args.sizes, {k: getattr(args, k) for k in keys}, format_row)
+    write_csv(args.out, rows)
+    print(machine_line())
+    print(f"wrote {args.out}")
+
+
 def machine_line() -> str:
     """One line for a table's footer: architecture, cores, Python, load."""
     return (
