@@ -21,8 +21,9 @@ the per-round ratio eligible / plain. Before timing, every eligible result
 is checked to be in its row's set and not excluded.
 
 Memory columns: bits per member per set (`EligibilitySets.bits_per_member`),
-the bytes of the layer's eligibility weights (set bits + rank directory,
-all sets) and member-range weights (`dense_boundaries`), and the host
+the bytes of the layer's eligibility weights (set bits, rank directory and
+the dense-step mask rows, all sets; also per member per set) and
+member-range weights (`dense_boundaries`), and the host
 `StaticIndex.member_range_nbytes`, each against the index `nbytes`.
 
 `--breakdown` also times the set alone (no exclusions) and the exclusions
@@ -142,6 +143,10 @@ def _measure(n: int, args) -> list[dict]:
         "index_mb": round(index.nbytes / 1e6, 2),
         "bits_per_member_per_set": round(sets.bits_per_member, 4),
         "eligibility_weight_bytes": _weight_bytes(layer.eligibility_weights),
+        # with the dense-step mask rows: what the layer holds per member per set
+        "layer_bits_per_member_per_set": round(
+            8 * _weight_bytes(layer.eligibility_weights) / (NUM_SETS * index.num_members), 3
+        ),
         "member_range_weight_bytes": _weight_bytes(layer.member_range_weights),
         "member_range_host_bytes": index.member_range_nbytes,
     }

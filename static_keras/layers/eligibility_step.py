@@ -176,25 +176,23 @@ def _descend(layout, indptr, lo, hi, depth):
     (an int, or an int32 tensor of per-row depths) down to member numbers.
 
     Position `level_sizes[u]` (one past a level's end) descends to one past
-    the next level's end, so `hi = lo(s + 1)` needs no special case.
+    the next level's end, so `hi = lo(s + 1)` needs no special case. Both
+    ends go down together: one gather per branching level.
     """
     last = indptr.shape[0] - 1
     first = depth if isinstance(depth, int) else layout.dense_levels
+    position = ops.stack([lo, hi])
     for u in range(first, layout.length):
         if u not in layout.indptr_offsets:  # one child each: same position below
             continue
-        offset, edges = layout.indptr_offsets[u], layout.edge_offsets[u]
-        moved = []
-        for position in (lo, hi):
-            at = offset + position
-            if not isinstance(depth, int):
-                at = ops.clip(at, 0, last)
-            child = ops.cast(gather.take(indptr, at), "int32") - edges
-            if not isinstance(depth, int):
-                child = ops.where(ops.less_equal(depth, u), child, position)
-            moved.append(child)
-        lo, hi = moved
-    return lo, hi
+        at = layout.indptr_offsets[u] + position
+        if not isinstance(depth, int):
+            at = ops.clip(at, 0, last)
+        child = ops.cast(gather.take(indptr, at), "int32") - layout.edge_offsets[u]
+        if not isinstance(depth, int):
+            child = ops.where(ops.less_equal(depth, u), child, position)
+        position = child
+    return position[0], position[1]
 
 
 def string_member_ranges(member_lo, member_hi, states):
