@@ -361,15 +361,14 @@ def dense_codes(table, offset: int, size: int, members, counted):
     """int32 `[R, E + 1]`: the code of depth d whose block holds each counted
     member (-1 for the others): the last of `size` sorted first members
     (`table[offset:offset + size]`, the depth-d part of the boundary table)
-    that is `<=` it. A branch-free search by powers of two, once per decode."""
+    that is `<=` it. A branch-free search by powers of two, once per decode;
+    probes past the end read the last entry (`num_members`, above every
+    member), so they never move."""
     position = ops.zeros_like(members)
-    step = 1 << (size.bit_length() - 1)
-    while step:
-        ahead = position + step
-        probe = gather.take(table, offset + ops.minimum(ahead, size) - 1)
-        fits = ops.logical_and(ops.less_equal(ahead, size), ops.less_equal(probe, members))
-        position = ops.where(fits, ahead, position)
-        step //= 2
+    for bit in reversed(range((size - 1).bit_length())):
+        at = ops.minimum(position + (offset + (1 << bit) - 1), offset + size - 1)
+        fits = ops.less_equal(gather.take(table, at), members)
+        position = ops.where(fits, position + (1 << bit), position)
     return ops.where(counted, position - 1, -1)
 
 
@@ -379,7 +378,8 @@ def blocked_dense_codes(words, directory, request: RequestEligibility, codes, ta
     row's exclusions empty (no eligible, non-excluded member left below),
     each once, at the slot of its first excluded member; -1 elsewhere.
 
-    Found once per decode, so a dense step only clears their bits.
+    Found once per decode (every depth in one rank and one search), so a
+    dense step only clears their bits.
 
     Args:
         words, directory: int32 `[S, W]`, `[S, D]` set weights.
@@ -393,24 +393,27 @@ def blocked_dense_codes(words, directory, request: RequestEligibility, codes, ta
     """
     d = len(offsets) - 1
     real = ops.greater_equal(codes, 0)
+    # The code of each depth t + 1, side by side: [R, d * (E + 1)].
+    depth_codes = [ops.where(real, ops.floor_divide(codes, vocab ** (d - 1 - t)), 0)
+                   for t in range(d)]  # fmt: skip
+    at = ops.concatenate([offsets[t + 1] + c for t, c in enumerate(depth_codes)], axis=1)
+    lo, hi = gather.take(table, at), gather.take(table, at + 1)
+    count = hi - lo
+    if request.set_ids is not None:
+        width = ops.shape(at)[1]
+        ranks = _ranks(words, directory, request.set_ids, ops.concatenate([lo, hi], axis=1))
+        count = _set_counts(request.set_ids, ranks[:, width:] - ranks[:, :width], count)
+    left = count - eligibility_kernels.counted_in_ranges(
+        request.excluded, request.excluded_before, lo, hi
+    )
     width = ops.shape(codes)[1]
     out = []
-    for t in range(d):
-        code = ops.where(real, ops.floor_divide(codes, vocab ** (d - 1 - t)), 0)
-        at = offsets[t + 1] + code
-        lo, hi = gather.take(table, at), gather.take(table, at + 1)
-        count = hi - lo
-        if request.set_ids is not None:
-            ranks = _ranks(words, directory, request.set_ids, ops.concatenate([lo, hi], axis=1))
-            count = _set_counts(request.set_ids, ranks[:, width:] - ranks[:, :width], count)
-        left = count - eligibility_kernels.counted_in_ranges(
-            request.excluded, request.excluded_before, lo, hi
-        )
+    for t, code in enumerate(depth_codes):
         first = ops.concatenate(
             [ops.ones_like(real[:, :1]), ops.not_equal(code[:, 1:], code[:, :-1])], axis=1
         )
-        blocked = ops.logical_and(ops.logical_and(real, first), ops.less_equal(left, 0))
-        out.append(ops.where(blocked, code, -1))
+        emptied = ops.less_equal(left[:, t * width : (t + 1) * width], 0)
+        out.append(ops.where(ops.logical_and(ops.logical_and(real, first), emptied), code, -1))
     return ops.stack(out, axis=1)
 
 
