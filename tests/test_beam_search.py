@@ -420,6 +420,7 @@ _JAX_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a JAX subprocess: 20 s on 2 cores; other JAX tests stay in the default run
 def test_jax_backend():
     pytest.importorskip("jax", reason="JAX is an optional backend (pip install .[jax])")
     env = dict(os.environ, KERAS_BACKEND="jax")

@@ -241,6 +241,7 @@ def test_refresh_changes_only_the_eligibility_variables(eligible_model, tmp_path
     assert sorted(os.listdir(base)) == [".static_keras_versions.json", "2", "3"]
 
 
+@pytest.mark.slow  # a publish and a refresh through the CLI: 20 s on 2 cores
 def test_refresh_from_the_command_line(eligible_model, tmp_path, capsys):
     from static_keras import cli
 
