@@ -51,6 +51,7 @@ def test_cc_loader_reports_bad_input(small_model, runner, tmp_path):
         run_saved_model(tmp_path / "model", {"wrong": histories(1)}, binary=runner)
 
 
+@pytest.mark.slow  # the C++ runner and a dev server side by side: 16 s
 def test_cc_loader_and_dev_server_agree_on_ids_shapes_and_dtypes(small_model, runner, tmp_path):
     """The signature validates ids in both load paths; both run the same shapes and dtypes."""
     from conftest import CONTEXT_VOCAB

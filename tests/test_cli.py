@@ -92,6 +92,7 @@ def test_user_errors_are_one_line(capsys, tmp_path, argv, message, monkeypatch):
     assert err.count("\n") == 1 and message in err, err
 
 
+@pytest.mark.slow  # an export, a publish, a server and a query: 35 s on 2 cores
 def test_export_publish_serve_and_query(capsys, tmp_path):
     index = make_index(1)
     from conftest import histories

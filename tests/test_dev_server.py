@@ -61,6 +61,7 @@ def test_grpc_and_rest_answer_like_the_model(small_model, tmp_path):
         np.testing.assert_allclose(answer["scores"], expected["scores"], rtol=1e-6)
 
 
+@pytest.mark.slow  # two servers from a models config: 19 s on 2 cores
 def test_labels_from_a_models_config(two_indexes, tmp_path):
     old, new = two_indexes
     decoder_model = make_model(old)

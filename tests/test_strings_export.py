@@ -51,6 +51,7 @@ def exported(tmp_path_factory):
     return vocab, index, model, path, info
 
 
+@pytest.mark.slow  # a served model in a fresh process: 18 s on 2 cores
 def test_served_answers_are_members_in_a_fresh_process(exported, tmp_path):
     vocab, index, model, path, info = exported
     assert info.input_names == ("prompt",)
