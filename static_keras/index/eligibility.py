@@ -233,16 +233,14 @@ class EligibilitySets:
         `set_ids` broadcasts against `positions`."""
         sets = self._positions(set_ids, "set_ids", upper=self.num_sets - 1)
         positions = self._positions(positions, "positions", upper=self.num_members)
+        # uint32 throughout (b <= 31, so `(1 << b) - 1` fits): a dense-step
+        # mask build ranks millions of positions per set.
         word = positions >> 5
-        below = (np.uint64(1) << (positions & 31).astype(np.uint64)) - np.uint64(1)
-        bits = self._words[sets, word].astype(np.uint64) & below
-        odd = (word & 1).astype(bool)
-        previous = np.where(odd, self._words[sets, word - odd], 0)  # the pair's first word
-        return (
-            self._directory[sets, positions >> 6].astype(np.int64)
-            + np.bitwise_count(previous)
-            + np.bitwise_count(bits)
-        )
+        below = np.left_shift(np.uint32(1), (positions & 31).astype(np.uint32)) - np.uint32(1)
+        odd = (word & 1).astype(np.uint32)
+        previous = self._words[sets, word - odd] * odd  # the pair's first word when w is odd
+        counts = np.bitwise_count(previous) + np.bitwise_count(self._words[sets, word] & below)
+        return (self._directory[sets, positions >> 6] + counts).astype(np.int64)
 
     def count(self, set_ids, lo, hi) -> np.ndarray:
         """int64: eligible members in `[lo, hi)` (`lo <= hi`), broadcast."""
