@@ -76,6 +76,16 @@ def requests(index, sets: EligibilitySets):
     return set_ids.astype(np.int32), excluded
 
 
+def eligible_layer(dense_levels: int, seed: int, sets_seed: int):
+    """`(index, sets, layer, catalogue, set_ids, excluded_ids)`: a layer with
+    the `random_sets` of a `semantic_index` and the edge-case `requests`."""
+    index = semantic_index(dense_levels, seed=seed)
+    sets = random_sets(index, sets_seed)
+    layer = ConstrainedDecoding(index, eligibility=sets)
+    set_ids, excluded_ids = requests(index, sets)
+    return index, sets, layer, MemberCatalogue.from_index(index), set_ids, excluded_ids
+
+
 def eligible_members(sets, catalogue, set_id: int, excluded_ids) -> np.ndarray:
     members = np.arange(catalogue.num_members)
     keep = np.ones(members.size, bool) if set_id < 0 else sets.contains(set_id, members)
@@ -118,11 +128,7 @@ def test_string_member_ranges_match_the_host(tiny):
 
 @pytest.mark.parametrize("dense_levels", range(LENGTH + 1))
 def test_candidates_keep_exactly_the_enterable_next_states(dense_levels):
-    index = semantic_index(dense_levels, seed=1)
-    sets = random_sets(index, 1)
-    layer = ConstrainedDecoding(index, eligibility=sets)
-    catalogue = MemberCatalogue.from_index(index)
-    set_ids, excluded_ids = requests(index, sets)
+    index, sets, layer, catalogue, set_ids, excluded_ids = eligible_layer(dense_levels, 1, 1)
     sequences = index.sequences()
     rng = np.random.default_rng(2)
     for step in range(LENGTH):
@@ -178,11 +184,7 @@ def test_excluded_members_in_any_order_with_repeats_and_padding(dense_levels):
     # `exclusion_members` gives sorted distinct rows; a caller may pass raw
     # member numbers (any order, repeats, -1 or out-of-range padding): the
     # step sets them out itself and keeps the same candidates.
-    index = semantic_index(dense_levels, seed=3)
-    sets = random_sets(index, 2)
-    layer = ConstrainedDecoding(index, eligibility=sets)
-    catalogue = MemberCatalogue.from_index(index)
-    set_ids, excluded_ids = requests(index, sets)
+    index, sets, layer, catalogue, set_ids, excluded_ids = eligible_layer(dense_levels, 3, 2)
     canonical = catalogue.exclusion_members(excluded_ids)
     rng = np.random.default_rng(4)
     raw = np.concatenate([canonical, canonical[:, :2], np.full((7, 2), -1)], axis=1)
