@@ -251,6 +251,7 @@ def refresh_eligibility(
         }
         with open(os.path.join(staging, "assets", METADATA_FILENAME), "w") as file:
             json.dump(metadata, file, indent=2, sort_keys=True)
+        _refresh_fingerprint(staging)
 
     staged = publish_module.publish_staged(
         base,
@@ -271,6 +272,23 @@ def refresh_eligibility(
         rejected_versions=staged.rejected_versions,
         seconds=time.perf_counter() - start,
     )
+
+
+def _refresh_fingerprint(saved_model_dir: str) -> None:
+    """Rewrites `fingerprint.pb` (if the copy has one) for the new checkpoint:
+    the copied one hashes the source's variables, and a server that logs or
+    compares fingerprints would take the refresh for its source."""
+    path = os.path.join(saved_model_dir, "fingerprint.pb")
+    if not os.path.exists(path):
+        return
+    # TF's own writer (what `tf.saved_model.save` calls); the staging
+    # directory is renamed into place only after this.
+    from tensorflow.python.saved_model import fingerprinting_utils
+
+    os.remove(path)
+    fingerprinting_utils.write_fingerprint(saved_model_dir)
+    if not os.path.exists(path):
+        raise RuntimeError(f"Could not rewrite {path} for the refreshed checkpoint")
 
 
 def _new_sets(current: EligibilitySets, eligibility_sets) -> EligibilitySets:

@@ -218,6 +218,11 @@ def test_refresh_changes_only_the_eligibility_variables(eligible_model, tmp_path
         for k in changed
     )
     assert read_metadata(new)["eligibility_refresh"]["source_version"] == 1
+    # The fingerprint describes the new checkpoint, the graph is the same.
+    old_print = tf.saved_model.experimental.read_fingerprint(str(old))
+    new_print = tf.saved_model.experimental.read_fingerprint(str(new))
+    assert old_print.checkpoint_hash != new_print.checkpoint_hash
+    assert old_print.graph_def_program_hash == new_print.graph_def_program_hash
     # The dense-step masks derive from the sets: rewritten with them.
     assert index.layout.dense_levels and any("eligibility_dense" in k for k in changed)
 

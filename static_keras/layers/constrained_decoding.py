@@ -345,9 +345,7 @@ class ConstrainedDecoding(AutomatonConstraint):
         table = self.member_range_weights["dense_boundaries"]
         offsets = eligibility_step.dense_boundary_offsets(layout)
         real = ops.less(members, layout.num_members)
-        codes = eligibility_step.dense_codes(
-            table, offsets[d], layout.vocab_size**d + 1, members, real
-        )
+        codes = eligibility_step.dense_codes(table, offsets, layout.vocab_size, members, real)
         request = eligibility_step.RequestEligibility(set_ids, members, before)
         return eligibility_step.blocked_dense_codes(
             self.eligibility_weights["eligibility_words"],

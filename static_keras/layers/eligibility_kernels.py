@@ -18,6 +18,7 @@ import keras
 from keras import ops
 
 from static_keras.layers import gather
+from static_keras.layers import sorted_search
 
 _M1 = 0x55555555
 _M2 = 0x33333333
@@ -117,31 +118,11 @@ MAX_DYNAMIC_EXCLUDED = 2**12 - 1
 
 
 def count_below(sorted_rows, values):
-    """int32 `[R, Q]`: how many entries of each sorted row are `< values[r, q]`.
-
-    A branch-free binary search by powers of two (`log2(P)` gathers of
-    `[R, Q]`, nothing `[R, Q, P]`), which XLA and TF's graph executor both
-    run cheaply (`tf.searchsorted` compares all pairs under XLA). Probes past
-    the row's end read its last entry, which no value exceeds, so they
-    never move.
-
-    Args:
-        sorted_rows: int32 `[R, P]`, non-decreasing rows whose last entry no
-            value exceeds (`prepare_counted` appends one). P may be unknown
-            until run time, up to `MAX_DYNAMIC_EXCLUDED + 1`.
-        values: int32 `[R, Q]`.
-    """
-    width = sorted_rows.shape[1]
-    bits = (width - 1).bit_length() if width is not None else MAX_DYNAMIC_EXCLUDED.bit_length()
-    last = ops.shape(sorted_rows)[1] - 1
-    position = ops.zeros_like(values)
-    for bit in reversed(range(bits)):
-        at = position + ((1 << bit) - 1)
-        if width is None or width != 1 << bits:
-            at = ops.minimum(at, last)
-        probe = gather.take_along_rows(sorted_rows, at)
-        position = ops.where(ops.less(probe, values), position + (1 << bit), position)
-    return position
+    """int32 `[R, Q]`: how many entries of each sorted row are `< values[r, q]`
+    (`sorted_search.count_below`; rows whose last entry no value exceeds,
+    `prepare_counted` appends one). P may be unknown until run time, up to
+    `MAX_DYNAMIC_EXCLUDED + 1`."""
+    return sorted_search.count_below(sorted_rows, values, MAX_DYNAMIC_EXCLUDED + 1)
 
 
 def prepare_counted(sorted_members, counted):
