@@ -134,6 +134,29 @@ def test_dense_codes_of_members_are_their_first_tokens(vocab, dense_levels):
     np.testing.assert_array_equal(ops.convert_to_numpy(got)[0], np.r_[want, -1, -1])
 
 
+@pytest.mark.parametrize("vocab", [5, 64, 70])
+def test_grouped_blocked_words_equal_each_rows_own(vocab):
+    """A beam search's exclusions stay one row per batch row; the dense step
+    clears the same bits as with every beam's own copy (dead beams: -1)."""
+    from static_keras.layers import eligibility_step
+
+    rng = np.random.default_rng(vocab)
+    groups, group, mask_words = 3, 4, -(-vocab // 32)
+    parent = np.stack([rng.permutation(vocab)[:group] for _ in range(groups)])
+    parent[1, 2] = -1
+    codes = rng.integers(0, vocab * vocab, (groups, 9))
+    codes[:, :group] = parent * vocab + rng.integers(0, vocab, (groups, group))  # hits
+    codes = np.sort(np.where(codes < 0, 0, codes), axis=1)
+    blocked = np.where(np.diff(codes, axis=1, prepend=-1) > 0, codes, -1).astype("int32")
+    blocked[0, -2:] = -1
+    parent = parent.reshape(-1).astype("int32")
+    own = eligibility_step.blocked_words(np.repeat(blocked, group, axis=0), parent, vocab,
+                                         mask_words)  # fmt: skip
+    grouped = eligibility_step.grouped_blocked_words(blocked, parent, group, vocab, mask_words)
+    np.testing.assert_array_equal(ops.convert_to_numpy(grouped), ops.convert_to_numpy(own))
+    assert ops.convert_to_numpy(own).any()
+
+
 def test_string_member_ranges_match_the_host(tiny):
     vocab, members, index = tiny
     layer = constraint_for(index)

@@ -171,7 +171,7 @@ class ConstrainedDecoding(AutomatonConstraint):
         safe = ops.where(valid, states, 0)
         words = gather.take(self.index_weights["dense_masks"], safe)
         if eligibility is not None:
-            words = ops.bitwise_and(words, self._eligible_words(safe, step, eligibility))
+            words = ops.bitwise_and(words, self._eligible_words(safe, valid, step, eligibility))
         # Rows of invalid states unpack to nothing: zeroing their words costs
         # `[R, V/32]`, not an `[R, V]` pass.
         words = ops.where(ops.expand_dims(valid, 1), words, 0)
@@ -181,9 +181,10 @@ class ConstrainedDecoding(AutomatonConstraint):
             allowed = allowed[:, : layout.vocab_size]
         return allowed
 
-    def _eligible_words(self, states, step, request):
+    def _eligible_words(self, states, valid, step, request):
         """int32 `[R, mask_words]`: the bits of codes below each dense-head
-        state (in range) with an eligible, non-excluded member."""
+        state (in range; `valid` says which rows have one) with an
+        eligible, non-excluded member."""
         layout = self.layout
         words = -1  # all bits
         if request.set_ids is not None:
@@ -196,23 +197,34 @@ class ConstrainedDecoding(AutomatonConstraint):
             words = ops.where(restricted[:, None], gather.take(masks, row), -1)
             words = ops.where(ops.greater_equal(set_ids, -1)[:, None], words, 0)
         if request.dense_excluded is not None:
-            if step is not None:
-                blocked = request.dense_excluded[:, step, :]
-                parent = states - layout.dense_mask_offsets[step]
-            else:
-                depth = ops.minimum(self._depth(states), layout.dense_levels - 1)
-                flat = ops.reshape(
-                    request.dense_excluded, (-1, ops.shape(request.dense_excluded)[2])
+            if step is not None and request.group > 1:
+                cleared = eligibility_step.grouped_blocked_words(
+                    request.dense_excluded[:, step, :],
+                    ops.where(valid, states - layout.dense_mask_offsets[step], -1),
+                    request.group,
+                    layout.vocab_size,
+                    layout.mask_words,
                 )
-                rows = ops.arange(ops.shape(states)[0], dtype="int32") * layout.dense_levels
-                blocked = gather.take(flat, rows + depth)
-                starts = ops.convert_to_tensor(self._depth_tables["depth_start"], "int32")
-                parent = states - gather.take(starts, depth)
-            cleared = eligibility_step.blocked_words(
-                blocked, parent, layout.vocab_size, layout.mask_words
-            )
+            else:
+                cleared = self._blocked_words(states, step, request)
             words = ops.bitwise_and(words, ops.bitwise_invert(cleared))
         return words
+
+    def _blocked_words(self, states, step, request):
+        """`eligibility_step.blocked_words` of each row's own exclusions."""
+        layout = self.layout
+        dense_excluded = eligibility_step.dense_excluded_rows(request)
+        if step is not None:
+            blocked = dense_excluded[:, step, :]
+            parent = states - layout.dense_mask_offsets[step]
+        else:
+            depth = ops.minimum(self._depth(states), layout.dense_levels - 1)
+            flat = ops.reshape(dense_excluded, (-1, ops.shape(dense_excluded)[2]))
+            rows = ops.arange(ops.shape(states)[0], dtype="int32") * layout.dense_levels
+            blocked = gather.take(flat, rows + depth)
+            starts = ops.convert_to_tensor(self._depth_tables["depth_start"], "int32")
+            parent = states - gather.take(starts, depth)
+        return eligibility_step.blocked_words(blocked, parent, layout.vocab_size, layout.mask_words)
 
     def _dense_contains(self, states, tokens, step):
         """Reads one bit per row (not the whole mask row)."""

@@ -215,6 +215,9 @@ class RequestEligibility(NamedTuple):
         entered: Python bool: every state passed with this was entered under
             it (a beam search), so a step whose states each have one child
             need not filter (that child has the same members).
+        group: Python int: `dense_excluded` has a row per `group` rows (a
+            batch row's beams, `repeat_rows`), whose states at a dense step
+            are distinct (distinct prefixes of one length).
     """
 
     set_ids: object = None
@@ -222,6 +225,7 @@ class RequestEligibility(NamedTuple):
     excluded_before: object = None
     dense_excluded: object = None
     entered: bool = False
+    group: int = 1
 
 
 def check_eligibility(eligibility, num_sets: int):
@@ -307,9 +311,20 @@ def prepare(
 
 
 def repeat_rows(request: RequestEligibility, times: int, entered: bool) -> RequestEligibility:
-    """Each row `times` times in a row (batch rows to beams)."""
-    fields = [None if x is None else ops.repeat(x, times, axis=0) for x in request[:4]]
-    return RequestEligibility(*fields, entered=entered)
+    """Each row `times` times in a row (batch rows to beams, whose states
+    are distinct at every step). The dense exclusions stay one row per
+    batch row (`group`): a dense step finds the beam each emptied code is
+    below, instead of testing every code against every beam's state."""
+    fields = [None if x is None else ops.repeat(x, times, axis=0) for x in request[:3]]
+    return RequestEligibility(*fields, request.dense_excluded, entered=entered,
+                              group=request.group * times)  # fmt: skip
+
+
+def dense_excluded_rows(request: RequestEligibility):
+    """`dense_excluded` with one row per row (repeated if grouped)."""
+    if request.group == 1:
+        return request.dense_excluded
+    return ops.repeat(request.dense_excluded, request.group, axis=0)
 
 
 def keep_mask(words, directory, request: RequestEligibility, lo, hi):
@@ -445,3 +460,32 @@ def blocked_words(blocked, parent, vocab: int, mask_words: int):
         ops.reshape(values, (-1,)), ops.reshape(segments, (-1,)), rows * mask_words
     )
     return ops.reshape(words, (rows, mask_words))
+
+
+def grouped_blocked_words(blocked, parent, group: int, vocab: int, mask_words: int):
+    """`blocked_words` for rows in groups of `group` that share one row of
+    `blocked` and whose `parent` codes within a group are distinct (a beam
+    search's beams): each code is matched to the one beam it lies below
+    (`[G, E + 1, group]` compares), and only the `G * (E + 1)` codes are
+    scattered, not `group` copies of each.
+
+    Args:
+        blocked: int32 `[G, E + 1]`, one depth of `blocked_dense_codes` per group.
+        parent: int32 `[G * group]`, each row's state's code at its depth t
+            (negative for rows with no state).
+        group, vocab, mask_words: rows per group, V and the words of a mask row.
+    """
+    child = ops.floor_divide(blocked, vocab)  # the code each blocked one is below
+    match = ops.equal(child[:, :, None], ops.reshape(parent, (-1, 1, group)))
+    hit = ops.logical_and(ops.greater_equal(blocked, 0), ops.any(match, axis=2))
+    beam = ops.cast(ops.argmax(ops.cast(match, "int32"), axis=2), "int32")
+    token = ops.where(hit, blocked - child * vocab, 0)
+    values = ops.where(hit, gather.take(_BIT_VALUES, ops.bitwise_and(token, 31)), 0)
+    groups = ops.shape(blocked)[0]
+    row = ops.arange(groups, dtype="int32")[:, None] * group + beam
+    segments = row * mask_words + ops.right_shift(token, 5)
+    # Distinct codes: distinct bits, so the sum of a word's values is their OR.
+    words = ops.segment_sum(
+        ops.reshape(values, (-1,)), ops.reshape(segments, (-1,)), groups * group * mask_words
+    )
+    return ops.reshape(words, (-1, mask_words))
