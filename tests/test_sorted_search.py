@@ -1,5 +1,6 @@
 """`sorted_search`: the same counts as `np.searchsorted` in every execution
-mode (the hand search eagerly and under XLA, TF's kernel in a TF graph)."""
+mode (the hand search under XLA and on other backends, TF's kernel where
+TensorFlow runs op by op)."""
 
 import keras
 import numpy as np
@@ -62,9 +63,9 @@ def test_rows_of_unknown_width_in_a_tf_graph_and_under_xla():
         np.testing.assert_array_equal(fn(rows, values).numpy(), expected_below(rows, values))
 
 
-def test_the_executor_is_told_apart():
+def test_the_execution_mode_is_told_apart():
     if keras.backend.backend() != "tensorflow":
-        assert not sorted_search.tf_graph_executor()
+        assert not sorted_search.tf_op_by_op()
         return
     import tensorflow as tf
 
@@ -72,9 +73,9 @@ def test_the_executor_is_told_apart():
     for jit in (False, True):
 
         def probe(x, jit=jit):
-            seen[jit] = sorted_search.tf_graph_executor()
+            seen[jit] = sorted_search.tf_op_by_op()
             return x
 
         tf.function(probe, jit_compile=jit)(tf.constant(1))
     assert seen == {False: True, True: False}
-    assert not sorted_search.tf_graph_executor()  # eager
+    assert sorted_search.tf_op_by_op()  # eager

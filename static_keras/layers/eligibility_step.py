@@ -15,12 +15,13 @@ kinds and turns them into a keep mask, with fixed-width, branch-free gathers:
 A request is set out once per decode (`prepare`): its excluded members
 sorted and deduplicated, with a running count of those that count, so the
 excluded members inside a candidate's range are two searches in the row
-(`sorted_search.count_below`: TF's kernel in a TF graph, a hand binary
-search under XLA), never an `[R, K, E]` compare. At a dense step the
-candidates of a row are the V consecutive codes below its state, so their
-ranges are V + 1 consecutive table entries (boundaries): one rank per
-boundary gives the eligible counts, and each exclusion's dense code (found
-once per decode) is scattered onto the code it passes through.
+(`sorted_search.count_below`: TF's kernel where TF runs op by op, a hand
+binary search under XLA), never an `[R, K, E]` compare. A dense step reads
+no ranks: each set carries a mask row per dense-head state
+(`dense_eligibility_masks`, built on the host), ANDed into the index's row,
+and the codes a request's exclusions empty (`dense_codes`,
+`blocked_dense_codes`, found once per decode) are cleared from it
+(`blocked_words`; `grouped_blocked_words` for a beam search's beams).
 
 Everything stays in int32 (JAX disables int64 by default).
 """

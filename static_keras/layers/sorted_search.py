@@ -7,12 +7,16 @@ search must be cheap where the layer runs:
   binary search by powers of two, `log2(P)` fused gathers of `[R, Q]`
   (XLA lowers `tf.searchsorted` to an all-pairs `[R, Q, P]` compare, 13x
   slower at Q = 40, P = 101);
-- in TensorFlow's graph executor (what TF Serving runs by default): one
-  `tf.searchsorted` kernel, because the hand search is about 35 ops the
-  executor dispatches one by one (2.1 ms against 0.7 ms for `[2560, 4]`
+- where TensorFlow runs op by op (its graph executor, what TF Serving runs
+  by default, and eager): one `tf.searchsorted` kernel, because the hand
+  search is about 35 ops the executor dispatches one by one (2.1 ms against 0.7 ms for `[2560, 4]`
   queries in rows of 101; `benchmarks/decoding/eligibility_step.py`).
 
-Both give the same int32 counts.
+Both give the same int32 counts. The choice is made when the ops are built
+(`tf_op_by_op`): a SavedModel exported without XLA carries the
+`searchsorted` form, which is also what TF Serving runs; a graph later
+auto-clustered by XLA (`--tf_xla_auto_jit`) still computes the same counts,
+only slower.
 """
 
 from __future__ import annotations
@@ -23,16 +27,16 @@ from keras import ops
 from static_keras.layers import gather
 
 
-def tf_graph_executor() -> bool:
-    """Whether ops built now run in TensorFlow's graph executor, not XLA: a
-    TF backend tracing a `tf.function` outside any `jit_compile` context."""
+def tf_op_by_op() -> bool:
+    """Whether ops built now run one by one in TensorFlow (eagerly, or in a
+    `tf.function` outside any `jit_compile` context), not compiled by XLA."""
     if keras.config.backend() != "tensorflow":
         return False
     import tensorflow as tf
     from tensorflow.python.ops import control_flow_util
 
     if tf.executing_eagerly():
-        return False
+        return True
     return not control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
@@ -45,7 +49,7 @@ def count_below(sorted_rows, values, max_width: int):
         values: int32 `[R, Q]`.
         max_width: the most entries a row may have when P is not static.
     """
-    if tf_graph_executor():
+    if tf_op_by_op():
         import tensorflow as tf
 
         return tf.searchsorted(sorted_rows, values, side="left", out_type=tf.int32)
