@@ -267,6 +267,7 @@ def test_docstring_examples(name):
     assert result.attempted > 0 and result.failed == 0
 
 
+@pytest.mark.slow  # a JAX subprocess, 23 s: the kernels' JAX tests run by default
 def test_baselines_on_jax():
     pytest.importorskip("jax")
     script = textwrap.dedent(

@@ -36,6 +36,7 @@ _FRESH_PROCESS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a fresh process, 27 s: in-process round trips run by default
 def test_round_trip_in_a_fresh_process(small_model, tmp_path):
     index, model = small_model
     info = export_saved_model(model, tmp_path / "model", warmup_batch_sizes=(1, 4))

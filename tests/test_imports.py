@@ -80,6 +80,7 @@ def test_unknown_top_level_name_is_an_attribute_error():
     assert "ConstrainedBeamSearch" in dir(static_keras)
 
 
+@pytest.mark.slow  # a fresh process, 24 s: in-process load tests run by default
 def test_saving_load_model_registers_the_layers_in_a_fresh_process(tmp_path):
     import keras
     import numpy as np

@@ -306,6 +306,7 @@ def _model(index, beam_size=4, seed=0):
 SHORT = ["search", "get_weather", "東京都", "🍕🍕", "Home > Kitchen"]
 
 
+@pytest.mark.slow  # 28 s: the string search's other tests run by default
 def test_constrained_beam_search_model_keras_round_trip(bpe, tmp_path):
     index = StringIndex.from_strings(SHORT, bpe, eos_token_id=bpe.eos_token_id, max_length=8)
     model = _model(index)

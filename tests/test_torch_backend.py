@@ -268,6 +268,7 @@ def run_checks(tmp: str) -> None:
     print("torch ok")
 
 
+@pytest.mark.slow  # a torch subprocess, 23 s: the torch kernel test runs by default
 def test_torch_backend(tmp_path):
     if importlib.util.find_spec("torch") is None:
         pytest.skip("PyTorch is not installed (pip install torch==2.13.0)")
