@@ -186,6 +186,7 @@ def test_cached_decoder_beam_search_equals_uncached():
     )
 
 
+@pytest.mark.slow  # 17 s: the other Keras-file round trips run by default
 def test_functional_model_keras_round_trip_and_batch_sizes(tmp_path):
     index, decoder, context = _cached_setup(seed=2)
     inputs = keras.Input((6,), dtype="int32")

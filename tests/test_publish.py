@@ -33,6 +33,7 @@ def _checkpoint(path):
     }
 
 
+@pytest.mark.slow  # four publishes, 28 s: the keep and failure tests publish by default
 def test_versions_are_numbered_kept_and_never_overwritten(small_model, tmp_path):
     _, model = small_model
     base = tmp_path / "recs"
