@@ -453,14 +453,8 @@ def blocked_words(blocked, parent, vocab: int, mask_words: int):
     rows = ops.shape(blocked)[0]
     child = ops.floor_divide(blocked, vocab)
     hit = ops.logical_and(ops.greater_equal(blocked, 0), ops.equal(child, parent[:, None]))
-    token = ops.where(hit, blocked - child * vocab, 0)
-    values = ops.where(hit, gather.take(_BIT_VALUES, ops.bitwise_and(token, 31)), 0)
-    segments = ops.arange(rows, dtype="int32")[:, None] * mask_words + ops.right_shift(token, 5)
-    # Distinct codes: distinct bits, so the sum of a word's values is their OR.
-    words = ops.segment_sum(
-        ops.reshape(values, (-1,)), ops.reshape(segments, (-1,)), rows * mask_words
-    )
-    return ops.reshape(words, (rows, mask_words))
+    row = ops.broadcast_to(ops.arange(rows, dtype="int32")[:, None], ops.shape(blocked))
+    return _cleared_words(row, blocked - child * vocab, hit, rows, mask_words)
 
 
 def grouped_blocked_words(blocked, parent, group: int, vocab: int, mask_words: int):
@@ -480,13 +474,19 @@ def grouped_blocked_words(blocked, parent, group: int, vocab: int, mask_words: i
     match = ops.equal(child[:, :, None], ops.reshape(parent, (-1, 1, group)))
     hit = ops.logical_and(ops.greater_equal(blocked, 0), ops.any(match, axis=2))
     beam = ops.cast(ops.argmax(ops.cast(match, "int32"), axis=2), "int32")
-    token = ops.where(hit, blocked - child * vocab, 0)
-    values = ops.where(hit, gather.take(_BIT_VALUES, ops.bitwise_and(token, 31)), 0)
     groups = ops.shape(blocked)[0]
     row = ops.arange(groups, dtype="int32")[:, None] * group + beam
+    return _cleared_words(row, blocked - child * vocab, hit, groups * group, mask_words)
+
+
+def _cleared_words(row, token, hit, rows, mask_words: int):
+    """int32 `[rows, mask_words]`: bit `token` set in row `row` for every
+    `hit` entry (int32 / bool tensors of one shape, distinct codes per row)."""
+    token = ops.where(hit, token, 0)
+    values = ops.where(hit, gather.take(_BIT_VALUES, ops.bitwise_and(token, 31)), 0)
     segments = row * mask_words + ops.right_shift(token, 5)
     # Distinct codes: distinct bits, so the sum of a word's values is their OR.
     words = ops.segment_sum(
-        ops.reshape(values, (-1,)), ops.reshape(segments, (-1,)), groups * group * mask_words
+        ops.reshape(values, (-1,)), ops.reshape(segments, (-1,)), rows * mask_words
     )
     return ops.reshape(words, (-1, mask_words))
