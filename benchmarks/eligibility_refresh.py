@@ -9,13 +9,16 @@ its own), it measures:
   per index) and its bytes;
 - `EligibilitySets.replace` of one set (of 3) from a random 50% subset of
   the item ids: median of 5 (the subsets are drawn before the clock starts);
-- the dense-step mask rows a layer (`set_eligibility`) and a served refresh
-  recompute for the replaced set (`dense_eligibility_masks`), so the refresh
-  is `replace` plus those;
-- bits per member per set (words plus rank directory), and with the dense
-  masks;
-- the bytes `member_ranges` adds to the index (its dense-head table) against
-  the index `nbytes`, and the host time of `member_ranges` and `count` for
+- the stored dense-step mask rows a layer (`set_eligibility`) and a served
+  refresh recompute for the replaced set (`dense_eligibility_masks`, the
+  depths `eligibility_windows` does not derive at decode time), so the
+  refresh is `replace` plus those;
+- bits per member per set (words plus rank directory), and with the stored
+  dense masks;
+- the bytes `member_ranges` adds to the index (its dense-head table) and
+  what the derived depths read of the index (`code_fields`, `mask_fields`,
+  per index) against the index `nbytes`, and the host time of
+  `member_ranges` and `count` for
   65,536 random tail states (candidate next states).
 
     python -m benchmarks.eligibility_refresh --sizes 1e5 1e6 1e7 2e7
@@ -41,6 +44,10 @@ def _measure(n: int, vocab_size: int, length: int, dense_levels: int, seed: int)
     from static_keras import StaticIndex
     from static_keras.index.eligibility import EligibilitySets
     from static_keras.index.eligibility import MemberCatalogue
+    from static_keras.layers.derived_dense_masks import code_fields
+    from static_keras.layers.derived_dense_masks import eligibility_windows
+    from static_keras.layers.derived_dense_masks import mask_fields
+    from static_keras.layers.eligibility_step import dense_boundary_offsets
     from static_keras.layers.eligibility_step import dense_boundary_table
     from static_keras.layers.eligibility_step import dense_eligibility_masks
 
@@ -73,13 +80,28 @@ def _measure(n: int, vocab_size: int, length: int, dense_levels: int, seed: int)
     replace_s = statistics.median(times)
 
     # What a layer (`set_eligibility`) and a served refresh also compute: the
-    # dense-step mask rows of every set, from the (per-index) boundary table.
-    # Only the replaced set's masks are recomputed (its bits changed).
+    # stored dense-step mask rows of every set (the depths the layer does
+    # not derive at decode time), from the (per-index) boundary table. Only
+    # the replaced set's masks are recomputed (its bits changed).
     table = dense_boundary_table(index.layout, index.arrays)
+    offsets = dense_boundary_offsets(index.layout)
+    windows = eligibility_windows(vocab_size, index.dense_levels, index.num_members, table, offsets)
+    levels = windows.count(0)
+    # What derived depths read of the index (per index, not per set).
+    derived_bytes = 0
+    for t, window in enumerate(windows):
+        if window:
+            first = index.layout.dense_mask_offsets[t]
+            rows = index.arrays["dense_masks"][first : first + vocab_size**t]
+            fields = code_fields(vocab_size, index.num_members, table, offsets, t, window)
+            derived_bytes += fields.nbytes + mask_fields(rows).nbytes
     held = (sets.device_arrays()["eligibility_words"],
-            dense_eligibility_masks(vocab_size, index.dense_levels, table, sets))  # fmt: skip
+            dense_eligibility_masks(vocab_size, index.dense_levels, table, sets,
+                                    stored_levels=levels))  # fmt: skip
     start = time.perf_counter()
-    masks = dense_eligibility_masks(vocab_size, index.dense_levels, table, refreshed, held)
+    masks = dense_eligibility_masks(
+        vocab_size, index.dense_levels, table, refreshed, held, stored_levels=levels
+    )
     masks_s = time.perf_counter() - start
     refresh_s = replace_s + masks_s
 
@@ -115,8 +137,10 @@ def _measure(n: int, vocab_size: int, length: int, dense_levels: int, seed: int)
         ),
         "sets_mb": round(refreshed.nbytes / 1e6, 3),
         "index_mb": round(index.nbytes / 1e6, 2),
+        "eligibility_windows": "/".join(map(str, windows)),
         "member_range_bytes": index.member_range_nbytes,
-        "member_range_share": f"{index.member_range_nbytes / index.nbytes:.2e}",
+        "derived_field_bytes": derived_bytes,  # per index (not per set), derived depths only
+        "member_range_share": f"{(index.member_range_nbytes + derived_bytes) / index.nbytes:.2e}",
         "member_ranges_64k_s": round(ranges_warm_s, 4),
         "member_ranges_first_s": round(ranges_s, 4),
         "count_64k_s": round(count_s, 4),
@@ -141,8 +165,9 @@ def _format(row: dict) -> str:
         f"N={row['n']:>10,}  build {row['build_s']:6.2f} s  replace {row['replace_s']:.3f} s "
         f"+ dense masks {row['dense_masks_s']:.3f} s = refresh {row['refresh_s']:.3f} s "
         f"(x{row['build_over_refresh']:.0f} faster)  {row['bits_per_member_per_set']:.3f} "
-        f"bits/member/set ({row['layer_bits_per_member_per_set']:.3f} with dense masks)  "
-        f"member-range table {row['member_range_bytes']:,} B "
+        f"bits/member/set ({row['layer_bits_per_member_per_set']:.3f} with stored dense "
+        f"masks; windows {row['eligibility_windows']})  member-range table "
+        f"{row['member_range_bytes']:,} B + derived-row fields {row['derived_field_bytes']:,} B "
         f"({row['member_range_share']} of {row['index_mb']:.0f} MB)  catalogue "
         f"{row['catalogue_mb']:.0f} MB host  ranges(64k) {row['member_ranges_64k_s']:.3f} s  "
         f"count(64k) {row['count_64k_s']:.4f} s  peak {row['peak_rss_gb']:.2f} GB"

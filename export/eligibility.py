@@ -144,6 +144,8 @@ def signature_metadata(search, variable_keys: Mapping[str, str]) -> dict:
         metadata["dense_masks"] = {
             "vocab_size": layout.vocab_size,
             "dense_levels": layout.dense_levels,
+            # Depths past these derive their rows at decode time: not stored.
+            "stored_levels": constraint.eligibility_windows.count(0),
         }
     return metadata
 
@@ -333,6 +335,7 @@ def _rewrite_checkpoint(saved_model_dir: str, keys: Mapping[str, str], sets, den
             held[DENSE_BOUNDARIES],
             sets,
             (held["eligibility_words"], held[DENSE_MASKS]),  # unchanged sets keep theirs
+            stored_levels=dense.get("stored_levels"),  # absent before derived rows: all
         )
     replaced = {
         _checkpoint_key("model_variables", keys[name]): array for name, array in arrays.items()

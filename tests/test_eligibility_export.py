@@ -35,6 +35,8 @@ from static_keras.export import read_metadata
 from static_keras.export import refresh_eligibility
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.eligibility import MemberCatalogue
+from static_keras.layers import derived_dense_masks
+from static_keras.layers import eligibility_step
 from static_keras.layers.eligibility_kernels import MAX_DYNAMIC_EXCLUDED
 from static_keras.serving import GrpcClient
 from static_keras.serving import ServedModel
@@ -223,8 +225,21 @@ def test_refresh_changes_only_the_eligibility_variables(eligible_model, tmp_path
     new_print = tf.saved_model.experimental.read_fingerprint(str(new))
     assert old_print.checkpoint_hash != new_print.checkpoint_hash
     assert old_print.graph_def_program_hash == new_print.graph_def_program_hash
-    # The dense-step masks derive from the sets: rewritten with them.
-    assert index.layout.dense_levels and any("eligibility_dense" in k for k in changed)
+    # The stored dense-step rows derive from the sets: rewritten with them.
+    layout = index.layout
+    table = eligibility_step.dense_boundary_table(layout, index.arrays)
+    offsets = eligibility_step.dense_boundary_offsets(layout)
+    windows = derived_dense_masks.eligibility_windows(
+        layout.vocab_size, layout.dense_levels, layout.num_members, table, offsets
+    )
+    (dense_key,) = [k for k in keys if "eligibility_dense" in k]
+    np.testing.assert_array_equal(
+        new_reader.get_tensor(dense_key),
+        eligibility_step.dense_eligibility_masks(
+            layout.vocab_size, layout.dense_levels, table, new_sets,
+            stored_levels=windows.count(0),
+        ),
+    )  # fmt: skip
 
     context, set_ids, excluded = _request(index, 6, seed=4)
     inputs = {"history": context, "set_id": set_ids, "excluded_item_ids": excluded}

@@ -17,8 +17,11 @@ A set is `W = num_members // 32 + 1` uint32 words (bit `m & 31` of word
 `m >> 5` is member m) plus one uint32 per pair of words, the eligible
 members before the pair: 1.5 bits per member, and the last word always has
 room for position `num_members`, so `rank(num_members)` needs no clamp on
-the device. (A layer adds, for the dense steps of a semantic-ID index, a
-mask row per dense-head state: `eligibility_step.dense_eligibility_masks`.)
+the device. (For the dense steps of a semantic-ID index a layer stores a
+mask row per dense-head state, `eligibility_step.dense_eligibility_masks`,
+at the depths where that costs at most half a bit per member, and derives
+the other depths' rows from these bits at decode time:
+`layers.derived_dense_masks`.)
 Per-request
 exclusions (items the user has already seen) are a few member numbers per
 row (`MemberCatalogue.exclusion_members`); the exact rule is

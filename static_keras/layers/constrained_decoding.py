@@ -11,6 +11,7 @@ from static_keras.constants import MASKED_LOGIT
 from static_keras.constants import PAD_TOKEN
 from static_keras.index.layout import IndexLayout
 from static_keras.index.static_index import StaticIndex
+from static_keras.layers import derived_dense_masks
 from static_keras.layers import eligibility_step
 from static_keras.layers import gather
 from static_keras.layers.automaton_constraint import AutomatonConstraint
@@ -62,6 +63,13 @@ class ConstrainedDecoding(AutomatonConstraint):
         eligibility_sets, eligibility_names: int and list of str: how many
             sets the layer holds and their names (from `eligibility` when
             given; what the config keeps). 0 (the default) adds no weights.
+        eligibility_windows: list of `dense_levels` ints or None: per dense
+            depth, 0 (the sets store its mask rows) or the words of set bits
+            a row derived at decode time reads
+            (`layers.derived_dense_masks`). Chosen from `index` when it is
+            given (derived where stored rows would cost more than half a
+            bit per member); what the config keeps. None without an index:
+            every depth stored.
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
@@ -111,8 +119,14 @@ class ConstrainedDecoding(AutomatonConstraint):
         level_sizes: list[int] | None = None,
         step_widths: list[int] | None = None,
         has_item_ids: bool | None = None,
+        eligibility_windows: list[int] | None = None,
         **kwargs,
     ):
+        # Per dense depth, 0 (the sets store its mask rows) or the words a
+        # derived row reads (`derived_dense_masks`); from the index when given.
+        self._windows_arg = eligibility_windows
+        self.eligibility_windows = ()
+        self._host_boundaries = None
         layout_fields = {
             "vocab_size": vocab_size,
             "length": length,
@@ -135,6 +149,12 @@ class ConstrainedDecoding(AutomatonConstraint):
     @property
     def dense_levels(self) -> int:
         return self.layout.dense_levels
+
+    def get_config(self):
+        config = super().get_config()
+        if self.num_eligibility_sets and self.layout.dense_levels:
+            config["eligibility_windows"] = list(self.eligibility_windows)
+        return config
 
     # Kernels -----------------------------------------------------------------
 
@@ -171,7 +191,8 @@ class ConstrainedDecoding(AutomatonConstraint):
         safe = ops.where(valid, states, 0)
         words = gather.take(self.index_weights["dense_masks"], safe)
         if eligibility is not None:
-            words = ops.bitwise_and(words, self._eligible_words(safe, valid, step, eligibility))
+            eligible = self._eligible_words(safe, valid, step, eligibility, words)
+            words = ops.bitwise_and(words, eligible)
         # Rows of invalid states unpack to nothing: zeroing their words costs
         # `[R, V/32]`, not an `[R, V]` pass.
         words = ops.where(ops.expand_dims(valid, 1), words, 0)
@@ -181,20 +202,18 @@ class ConstrainedDecoding(AutomatonConstraint):
             allowed = allowed[:, : layout.vocab_size]
         return allowed
 
-    def _eligible_words(self, states, valid, step, request):
+    def _eligible_words(self, states, valid, step, request, index_words):
         """int32 `[R, mask_words]`: the bits of codes below each dense-head
         state (in range; `valid` says which rows have one) with an
-        eligible, non-excluded member."""
+        eligible, non-excluded member. `index_words`: the states' own rows."""
         layout = self.layout
         words = -1  # all bits
         if request.set_ids is not None:
             set_ids = request.set_ids
             restricted = ops.greater_equal(set_ids, 0)
-            row = ops.where(restricted, set_ids, 0) * layout.dense_head_states + states
-            masks = ops.reshape(
-                self.eligibility_weights["eligibility_dense"], (-1, layout.mask_words)
-            )
-            words = ops.where(restricted[:, None], gather.take(masks, row), -1)
+            set_rows = ops.where(restricted, set_ids, 0)
+            words = self._set_words(states, step, set_rows, index_words)
+            words = ops.where(restricted[:, None], words, -1)
             words = ops.where(ops.greater_equal(set_ids, -1)[:, None], words, 0)
         if request.dense_excluded is not None:
             if step is not None and request.group > 1:
@@ -209,6 +228,50 @@ class ConstrainedDecoding(AutomatonConstraint):
                 cleared = self._blocked_words(states, step, request)
             words = ops.bitwise_and(words, ops.bitwise_invert(cleared))
         return words
+
+    def _set_words(self, states, step, set_rows, index_words):
+        """int32 `[R, mask_words]`: each dense-head state's mask row in its
+        row's set: read at a stored depth, derived at the others."""
+        layout, windows = self.layout, self.eligibility_windows
+        rows = derived_dense_masks.stored_rows(layout.vocab_size, windows)
+        masks = ops.reshape(self.eligibility_weights["eligibility_dense"], (-1, layout.mask_words))
+
+        def stored(at):
+            return gather.take(masks, set_rows * rows + at)
+
+        if step is not None:
+            if not windows[step]:
+                return stored(states)
+            parents = ops.maximum(states - layout.dense_mask_offsets[step], 0)
+            return self._derived_words(step, parents, set_rows, index_words)
+        levels = windows.count(0)
+        if levels == layout.dense_levels:
+            return stored(states)
+        depth = self._depth(states)
+        words = stored(ops.minimum(states, rows - 1))
+        for t in range(levels, layout.dense_levels):
+            here = ops.equal(depth, t)
+            parents = ops.where(here, states - layout.dense_mask_offsets[t], 0)
+            derived = self._derived_words(t, parents, set_rows, index_words)
+            words = ops.where(here[:, None], derived, words)
+        return words
+
+    def _derived_words(self, depth, parents, set_rows, index_words):
+        weights = self.member_range_weights
+        at = eligibility_step.dense_boundary_offsets(self.layout)[depth] + parents
+        first_word = ops.right_shift(gather.take(weights["dense_boundaries"], at), 5)
+        return derived_dense_masks.derived_words(
+            self.eligibility_weights["eligibility_words"],
+            derived_dense_masks.plane_rows(
+                weights[f"dense_code_fields_{depth}"], derived_dense_masks.CODE_FIELDS, parents
+            ),
+            derived_dense_masks.plane_rows(
+                weights[f"dense_mask_fields_{depth}"], derived_dense_masks.MASK_FIELDS, parents
+            ),
+            first_word,
+            set_rows,
+            index_words,
+        )
 
     def _blocked_words(self, states, step, request):
         """`eligibility_step.blocked_words` of each row's own exclusions."""
@@ -308,14 +371,87 @@ class ConstrainedDecoding(AutomatonConstraint):
         layout = self.layout
         d = layout.dense_levels
         size = layout.dense_head_states + layout.vocab_size**d + d + 1 if d else 1
-        return {"dense_boundaries": (size,)}
+        shapes = {"dense_boundaries": (size,)}
+        for t, window in enumerate(self.eligibility_windows):
+            if window:  # what a derived row reads of the index (fixed per code)
+                codes = layout.vocab_size**t
+                planes = derived_dense_masks.CODE_FIELDS, derived_dense_masks.MASK_FIELDS
+                shapes[f"dense_code_fields_{t}"] = (planes[0] * codes, window)
+                shapes[f"dense_mask_fields_{t}"] = (planes[1] * codes, layout.mask_words)
+        return shapes
 
     def _member_range_arrays(self, index):
         if not self.num_eligibility_sets:
             return {}
-        return {
-            "dense_boundaries": eligibility_step.dense_boundary_table(self.layout, index.arrays)
-        }
+        layout = self.layout
+        table, _ = self._boundaries_and_windows(index)
+        offsets = eligibility_step.dense_boundary_offsets(layout)
+        for t, held in enumerate(self.eligibility_windows):
+            if not held:  # stored rows fit any index
+                continue
+            size = layout.vocab_size**t
+            needed = derived_dense_masks.widest_range(table[offsets[t] : offsets[t] + size + 1])
+            if needed > held:
+                raise ValueError(
+                    f"The index does not fit this layer's eligibility windows: a code of "
+                    f"depth {t} needs {needed} words, the layer reads {held} "
+                    f"({list(self.eligibility_windows)}); build a layer for this index"
+                )
+        arrays = {"dense_boundaries": table}
+        for t, window in enumerate(self.eligibility_windows):
+            if window:
+                fields = derived_dense_masks.code_fields(
+                    layout.vocab_size, layout.num_members, table, offsets, t, window
+                )
+                first = layout.dense_mask_offsets[t]
+                rows = index.arrays["dense_masks"][first : first + layout.vocab_size**t]
+                masks = derived_dense_masks.mask_fields(rows)
+                arrays[f"dense_code_fields_{t}"] = derived_dense_masks.planes_first(fields)
+                arrays[f"dense_mask_fields_{t}"] = derived_dense_masks.planes_first(masks)
+        self._drop_host_boundaries()
+        return arrays
+
+    def _boundaries_and_windows(self, index):
+        """The host `dense_boundary_table` of `index` and the eligibility
+        windows it needs (computed once per index)."""
+        if self._host_boundaries is None or self._host_boundaries[0] is not index:
+            layout = index.layout
+            table = eligibility_step.dense_boundary_table(layout, index.arrays)
+            windows = derived_dense_masks.eligibility_windows(
+                layout.vocab_size,
+                layout.dense_levels,
+                layout.num_members,
+                table,
+                eligibility_step.dense_boundary_offsets(layout),
+            )
+            self._host_boundaries = (index, table, windows)
+        return self._host_boundaries[1:]
+
+    def _drop_host_boundaries(self):
+        self._host_boundaries = None  # 16.8 MB at V = 2048, d = 2: weights hold it now
+
+    def _resolve_windows(self):
+        """The layer's eligibility windows: the index's when it is given,
+        else the config's (checked), else every depth stored."""
+        d = self.layout.dense_levels
+        given = self._windows_arg
+        if given is not None:
+            given = tuple(given)
+            ints = len(given) == d and all(isinstance(w, int) and w >= 0 for w in given)
+            suffix = not (d and given[0]) and all(b or not a for a, b in zip(given, given[1:]))
+            if not (ints and suffix):
+                raise ValueError(
+                    f"`eligibility_windows` must be {d} ints >= 0, the first 0 and none 0 "
+                    f"after a positive one. Received: {list(given)}"
+                )
+        if self._pending_index is not None:
+            windows = tuple(self._boundaries_and_windows(self._pending_index)[1])
+            if given is not None and given != windows:
+                raise ValueError(
+                    f"`eligibility_windows`={list(given)} but the index needs {list(windows)}"
+                )
+            return windows
+        return given if given is not None else (0,) * d
 
     def _member_ranges(self, states, depth):
         return eligibility_step.tree_member_ranges(
@@ -330,8 +466,9 @@ class ConstrainedDecoding(AutomatonConstraint):
         layout = self.layout
         if not layout.dense_levels:
             return {}
-        shape = (self.num_eligibility_sets, layout.dense_head_states, layout.mask_words)
-        return {"eligibility_dense": shape}
+        self.eligibility_windows = self._resolve_windows()
+        rows = derived_dense_masks.stored_rows(layout.vocab_size, self.eligibility_windows)
+        return {"eligibility_dense": (self.num_eligibility_sets, rows, layout.mask_words)}
 
     def _eligibility_mask_arrays(self, eligibility_sets):
         layout = self.layout
@@ -343,7 +480,12 @@ class ConstrainedDecoding(AutomatonConstraint):
             ops.convert_to_numpy(self.eligibility_weights["eligibility_dense"]),
         )
         masks = eligibility_step.dense_eligibility_masks(
-            layout.vocab_size, layout.dense_levels, boundaries, eligibility_sets, current
+            layout.vocab_size,
+            layout.dense_levels,
+            boundaries,
+            eligibility_sets,
+            current,
+            stored_levels=self.eligibility_windows.count(0),
         )
         return {"eligibility_dense": masks}
 

@@ -18,7 +18,9 @@ excluded members inside a candidate's range are two searches in the row
 (`sorted_search.count_below`: TF's kernel where TF runs op by op, a hand
 binary search under XLA), never an `[R, K, E]` compare. A dense step reads
 no ranks: each set carries a mask row per dense-head state
-(`dense_eligibility_masks`, built on the host), ANDed into the index's row,
+(`dense_eligibility_masks`, built on the host, or derived at decode time
+where storing costs more than half a bit per member: `derived_dense_masks`),
+ANDed into the index's row,
 and the codes a request's exclusions empty (`dense_codes`,
 `blocked_dense_codes`, found once per decode) are cleared from it
 (`blocked_words`; `grouped_blocked_words` for a beam search's beams).
@@ -76,16 +78,19 @@ def dense_boundary_table(layout, arrays) -> np.ndarray:
 
 
 def dense_eligibility_masks(
-    vocab_size: int, dense_levels: int, boundaries, sets, previous=None
+    vocab_size: int, dense_levels: int, boundaries, sets, previous=None, stored_levels=None
 ) -> np.ndarray:
     """int32 `[S, H, mask_words]`: per set, a mask row for each of the H
-    dense-head states, laid out as the index's `dense_masks`: bit j of the
-    row of state s is set when code j below s has an eligible member.
+    dense-head states of the stored depths, laid out as the index's
+    `dense_masks`: bit j of the row of state s is set when code j below s
+    has an eligible member.
 
     A dense step ANDs the row into the index's own before unpacking, so a
     set costs it one `[R, mask_words]` gather, not a rank per code. The
-    masks are `sum_{t<d} V**t` rows of V bits per set (about `V**d` bits),
-    computed from the set bits with one rank per code boundary.
+    masks are `sum_{t<stored_levels} V**t` rows of V bits per set (about
+    `V**stored_levels` bits), computed from the set bits with one rank per
+    code boundary; a layer stores them only where that is cheap and
+    derives the deeper rows at decode time (`derived_dense_masks`).
 
     Args:
         vocab_size, dense_levels: V and d of the index.
@@ -95,19 +100,23 @@ def dense_eligibility_masks(
             `[S, W]` and this function's output for them): sets whose bits
             did not change keep their masks (a refresh of one set computes
             one set's masks).
+        stored_levels: the depths `[0, stored_levels)` whose rows are
+            stored (default: all d); deeper ones are derived at decode time
+            (`derived_dense_masks`), so H is `sum_{t<stored_levels} V**t`.
     """
     vocab, d = vocab_size, dense_levels
+    levels = d if stored_levels is None else stored_levels
     mask_words = host_layout.dense_mask_words(vocab)
     offsets = [sum(vocab**u + 1 for u in range(t)) for t in range(d + 1)]
     boundaries = np.asarray(boundaries, np.int64)
     words = sets.device_arrays()["eligibility_words"]
-    masks = np.zeros((sets.num_sets, sum(vocab**t for t in range(d)), mask_words), np.int32)
+    masks = np.zeros((sets.num_sets, sum(vocab**t for t in range(levels)), mask_words), np.int32)
     for s in range(sets.num_sets):
         if previous is not None and np.array_equal(previous[0][s], words[s]):
             masks[s] = previous[1][s]
             continue
         row = 0
-        for t in range(d):
+        for t in range(levels):
             table = boundaries[offsets[t + 1] : offsets[t + 1] + vocab ** (t + 1) + 1]
             ranks = sets.rank(s, table)
             has = (ranks[1:] > ranks[:-1]).reshape(vocab**t, vocab)
