@@ -26,7 +26,7 @@ gathers and one scatter, no per-member or per-token element. The window is
 the widest member range of a code of depth t in words (`eligibility_windows`,
 part of the layer's config); a depth whose codes span more than `MAX_WINDOW`
 words keeps stored rows. What the index fixes costs the layer, per derived
-depth, `V**t * (8 * window + 6 * V / 32)` int32 once (not per set): 4.3 MB
+depth, `V**t * (15 * window + 6 * V / 32)` int32 once (not per set): 5.5 MB
 at V = 2048, N = 1e6.
 """
 
