@@ -115,21 +115,18 @@ def test_semantic_member_ranges_match_the_host_at_every_state(dense_levels):
 
 @pytest.mark.parametrize("vocab, dense_levels", [(5, 1), (5, 2), (3, 3), (4, 2)])
 def test_dense_codes_of_members_are_their_first_tokens(vocab, dense_levels):
-    """The once-per-decode search of each excluded member's dense code, with
-    a vocabulary that is not a power of two and codes with no member."""
+    """Each excluded member's dense code (one gather of `dense_member_codes`),
+    with a vocabulary that is not a power of two and codes with no member."""
     from static_keras.layers import eligibility_step
 
     rng = np.random.default_rng(vocab + dense_levels)
     rows = np.unique(rng.integers(0, vocab, (40, 4)), axis=0)
     index = StaticIndex.build(rows, vocab, dense_levels=dense_levels, item_ids=np.arange(len(rows)))
     layer = ConstrainedDecoding(index, eligibility_sets=1)
-    table = layer.member_range_weights["dense_boundaries"]
+    member_codes = layer.member_range_weights["dense_member_codes"]
     members = np.concatenate([np.arange(len(rows)), [len(rows), 2**31 - 1]]).astype("int32")
     real = members < len(rows)
-    got = eligibility_step.dense_codes(
-        table, eligibility_step.dense_boundary_offsets(layer.layout), vocab,
-        members[None, :], real[None, :],
-    )  # fmt: skip
+    got = eligibility_step.dense_codes(member_codes, members[None, :], real[None, :])
     want = rows[:, :dense_levels] @ (vocab ** np.arange(dense_levels)[::-1])  # rows are sorted
     np.testing.assert_array_equal(ops.convert_to_numpy(got)[0], np.r_[want, -1, -1])
 

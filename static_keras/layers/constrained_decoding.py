@@ -372,6 +372,8 @@ class ConstrainedDecoding(AutomatonConstraint):
         d = layout.dense_levels
         size = layout.dense_head_states + layout.vocab_size**d + d + 1 if d else 1
         shapes = {"dense_boundaries": (size,)}
+        if d:  # the depth-d code of each member, for a request's exclusions
+            shapes["dense_member_codes"] = (max(layout.num_members, 1),)
         for t, window in enumerate(self.eligibility_windows):
             if window:  # what a derived row reads of the index (fixed per code)
                 codes = layout.vocab_size**t
@@ -398,6 +400,8 @@ class ConstrainedDecoding(AutomatonConstraint):
                     f"({list(self.eligibility_windows)}); build a layer for this index"
                 )
         arrays = {"dense_boundaries": table}
+        if layout.dense_levels:
+            arrays["dense_member_codes"] = eligibility_step.dense_member_codes(layout, table)
         for t, window in enumerate(self.eligibility_windows):
             if window:
                 fields = derived_dense_masks.code_fields(
@@ -499,7 +503,9 @@ class ConstrainedDecoding(AutomatonConstraint):
         table = self.member_range_weights["dense_boundaries"]
         offsets = eligibility_step.dense_boundary_offsets(layout)
         real = ops.less(members, layout.num_members)
-        codes = eligibility_step.dense_codes(table, offsets, layout.vocab_size, members, real)
+        codes = eligibility_step.dense_codes(
+            self.member_range_weights["dense_member_codes"], members, real
+        )
         request = eligibility_step.RequestEligibility(set_ids, members, before)
         return eligibility_step.blocked_dense_codes(
             self.eligibility_weights["eligibility_words"],

@@ -371,37 +371,40 @@ def _set_counts(set_ids, ranked, count):
     return ops.where(ops.greater_equal(set_ids, -1)[:, None], count, 0)
 
 
-def dense_codes(table, offsets, vocab: int, members, counted):
-    """int32 `[R, E + 1]`: the code of depth d whose block holds each counted
-    member (-1 for the others), once per decode.
+def dense_member_codes(layout, boundaries) -> np.ndarray:
+    """int32 `[max(num_members, 1)]`: each member's code of depth d (its
+    first d tokens as a base-V number), from the host `dense_boundary_table`.
 
-    A branch-free search by powers of two, one depth at a time: the code of
-    depth t + 1 is the last of its parent's V children whose first member
-    (the parent's V + 1 entries of the boundary table) is `<=` the member.
-    Each search stays inside one parent's 4 V bytes, so a cold table costs
-    about half the cache misses of one search in all `V**d` entries.
+    Members are in code order, so depth d's block of the table is where
+    each code's members start: a repeat, no search. A request's exclusions
+    read their codes here with one gather (`dense_codes`) instead of a
+    binary search per dense depth, whose ~8 dependent cache misses per
+    member (the table's 8 KB parent blocks) were a decode's largest
+    eligibility cost under the serving loop (cold caches).
+    """
+    d, vocab = layout.dense_levels, layout.vocab_size
+    start = dense_boundary_offsets(layout)[d]
+    first = np.asarray(boundaries[start : start + vocab**d + 1], np.int64)
+    codes = np.repeat(np.arange(vocab**d, dtype=np.int32), np.diff(first))
+    if codes.size != layout.num_members:
+        raise ValueError(
+            f"The dense boundary table covers {codes.size} members, the index has "
+            f"{layout.num_members}"
+        )
+    return codes if codes.size else np.zeros(1, np.int32)
+
+
+def dense_codes(member_codes, members, counted):
+    """int32 `[R, E + 1]`: the code of depth d whose block holds each counted
+    member (-1 for the others), once per decode: one gather.
 
     Args:
-        table, offsets: the `dense_boundary_table` weight and its
-            `dense_boundary_offsets`.
-        vocab: V.
+        member_codes: the `dense_member_codes` weight.
         members, counted: int32 `[R, E + 1]` sorted members and bool, which
             of them are real.
     """
-    members = ops.where(counted, members, 0)  # padding searches member 0 (masked)
-    code = ops.zeros_like(members)
-    for t in range(len(offsets) - 1):
-        first = offsets[t + 1] + code * vocab  # the parent's first child
-        # Entries `[0, below)` are <= the member: entry 0 (the parent's first
-        # member) is; entry V (the next parent's) is not, so probes clamped
-        # to it never move.
-        below = ops.ones_like(members)
-        for bit in reversed(range((vocab - 1).bit_length())):
-            at = ops.minimum(below + ((1 << bit) - 1), vocab)
-            fits = ops.less_equal(gather.take(table, first + at), members)
-            below = ops.where(fits, below + (1 << bit), below)
-        code = code * vocab + below - 1
-    return ops.where(counted, code, -1)
+    codes = gather.take(member_codes, ops.where(counted, members, 0))  # padding reads 0
+    return ops.where(counted, codes, -1)
 
 
 def blocked_dense_codes(words, directory, request: RequestEligibility, codes, table,
