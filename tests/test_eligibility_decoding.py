@@ -113,6 +113,42 @@ def test_semantic_member_ranges_match_the_host_at_every_state(dense_levels):
         np.testing.assert_array_equal(hi, np.where(inside, want_hi, 0))
 
 
+@pytest.mark.parametrize("dense_levels", [0, 2])
+def test_member_starts_bound_abutting_ranges_and_dead_rows_keep_nothing(dense_levels):
+    """`tree_member_starts` at every state of each tail depth and one past
+    its end, and the sparse step's K + 1 bounds (`keep_mask_between`) against
+    the two-ended `keep_mask` for rows with an edge each and a dead row."""
+    from static_keras.layers import eligibility_step
+
+    index = semantic_index(dense_levels)
+    sets = random_sets(index, 0)
+    layer = ConstrainedDecoding(index, eligibility=sets)
+    layout = index.layout
+    for depth in range(dense_levels, LENGTH + 1):
+        start = layout.depth_starts[depth]
+        states = np.arange(start, start + layout.level_sizes[depth] + 1)
+        got = eligibility_step.tree_member_starts(
+            layout, layer.index_weights["indptr"], states, depth
+        )
+        want = np.r_[index.member_ranges(states[:-1])[0], layout.num_members]
+        np.testing.assert_array_equal(ops.convert_to_numpy(got), want)
+    catalogue = MemberCatalogue.from_index(index)
+    set_ids, excluded_ids = requests(index, sets)
+    request = layer.check_eligibility((set_ids, catalogue.exclusion_members(excluded_ids)))
+    sequences = index.sequences()
+    for step in range(dense_levels, LENGTH):
+        states = index.walk(np.unique(sequences[:, :step], axis=0)).astype(np.int32)
+        rows = np.resize(states, set_ids.size)
+        rows[-1] = -1  # a dead beam
+        edges, ok = layer._sparse_slots(rows, step)
+        between = np.asarray(layer._sparse_keep(request, edges, step))
+        lo, hi = layer.member_ranges(layer._edge_targets(edges), step + 1)
+        both = np.asarray(layer._keep(request, lo, hi))
+        ok = np.asarray(ok)
+        np.testing.assert_array_equal(between[ok], both[ok])
+        assert not ok[-1].any()
+
+
 @pytest.mark.parametrize("vocab, dense_levels", [(5, 1), (5, 2), (3, 3), (4, 2)])
 def test_dense_codes_of_members_are_their_first_tokens(vocab, dense_levels):
     """Each excluded member's dense code (one gather of `dense_member_codes`),

@@ -309,6 +309,12 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
             self._dense_exclusions,
         )
 
+    def _sparse_keep(self, eligibility, edges, step):
+        """bool `[R, B]`: whether each edge slot's target keeps an eligible,
+        non-excluded member (`_sparse_slots` edges; padding slots: any)."""
+        lo, hi = self._member_ranges(self._edge_targets(edges), None if step is None else step + 1)
+        return self._keep(eligibility, lo, hi)
+
     def _keep(self, eligibility, lo, hi):
         """bool: whether each range holds an eligible, non-excluded member."""
         return eligibility_step.keep_mask(
@@ -436,8 +442,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         edges, ok = self._sparse_slots(states, t)
         tokens = ops.cast(gather.take(self.index_weights["tokens"], edges), "int32")
         if eligibility is not None and not (eligibility.entered and self._same_members(t)):
-            lo, hi = self._member_ranges(self._edge_targets(edges), None if t is None else t + 1)
-            ok = ops.logical_and(ok, self._keep(eligibility, lo, hi))
+            ok = ops.logical_and(ok, self._sparse_keep(eligibility, edges, t))
         # Scatter the valid slots into [R, V + 1]; padding slots land in the
         # spare last column, which is dropped.
         vocab = self.layout.vocab_size
@@ -602,8 +607,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         scores = ops.where(ok, gather.take_along_rows(logits, tokens), -np.inf)
         next_states = self._edge_targets(edges)
         if eligibility is not None and not (eligibility.entered and self._same_members(step)):
-            lo, hi = self._member_ranges(next_states, None if step is None else step + 1)
-            ok = ops.logical_and(ok, self._keep(eligibility, lo, hi))
+            ok = ops.logical_and(ok, self._sparse_keep(eligibility, edges, step))
             scores = ops.where(ok, scores, -np.inf)
         width = ops.shape(edges)[1]
         if k < width and (step is None or self._caps(step)):

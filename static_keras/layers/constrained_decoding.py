@@ -457,6 +457,30 @@ class ConstrainedDecoding(AutomatonConstraint):
             return windows
         return given if given is not None else (0,) * d
 
+    def _sparse_keep(self, eligibility, edges, step):
+        if step is None:
+            return super()._sparse_keep(eligibility, edges, step)
+        # A row's edges are consecutive (`_sparse_slots`), and so are their
+        # targets: K + 1 member starts bound the K ranges. Slots past a
+        # row's count continue from its first edge (one past the depth's
+        # end at most), so the last real slot's end is its next sibling's
+        # start. Rows with no edge read any state of the depth (masked).
+        layout = self.layout
+        depth = step + 1
+        width = ops.shape(edges)[1]
+        states = self._edge_targets(edges[:, :1]) + ops.arange(width + 1, dtype="int32")[None, :]
+        start = layout.depth_starts[depth]
+        states = ops.clip(states, start, start + layout.level_sizes[depth])
+        bounds = eligibility_step.tree_member_starts(
+            layout, self.index_weights["indptr"], states, depth
+        )
+        return eligibility_step.keep_mask_between(
+            self.eligibility_weights["eligibility_words"],
+            self.eligibility_weights["eligibility_directory"],
+            eligibility,
+            bounds,
+        )
+
     def _member_ranges(self, states, depth):
         return eligibility_step.tree_member_ranges(
             self.layout,

@@ -136,12 +136,17 @@ def prepare_counted(sorted_members, counted):
     return searched, ops.cumsum(counted, axis=1) - counted
 
 
+def counted_below(searched, before, positions):
+    """int32 `[R, Q]`: counted members of each row below each position
+    (`prepare_counted`): one search, one read."""
+    return gather.take_along_rows(before, count_below(searched, positions))
+
+
 def counted_in_ranges(searched, before, lo, hi):
     """int32 `[R, B]`: counted members of each row inside each `[lo, hi)`
     (`prepare_counted`): the counted ones below `hi` minus those below `lo`."""
     width = ops.shape(lo)[1]
-    at = count_below(searched, ops.concatenate([lo, hi], axis=1))  # one search for both
-    below = gather.take_along_rows(before, at)
+    below = counted_below(searched, before, ops.concatenate([lo, hi], axis=1))  # one search
     return below[:, width:] - below[:, :width]
 
 

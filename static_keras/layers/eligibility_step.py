@@ -152,7 +152,7 @@ def tree_member_ranges(layout, indptr, dense_table, states, depth: int | None = 
             at = dense_boundary_offsets(layout)[depth] + local
             lo, hi = gather.take(dense_table, at), gather.take(dense_table, at + 1)
         else:
-            lo, hi = _descend(layout, indptr, local, local + 1, depth)
+            lo, hi = ops.unstack(_descend(layout, indptr, ops.stack([local, local + 1]), depth))
         return ops.where(valid, lo, 0), ops.where(valid, hi, 0)
     valid = ops.logical_and(ops.greater_equal(states, 0), ops.less(states, layout.state_space))
     safe = ops.where(valid, states, 0)
@@ -161,7 +161,7 @@ def tree_member_ranges(layout, indptr, dense_table, states, depth: int | None = 
         row_depth = row_depth + ops.cast(ops.greater_equal(safe, start), "int32")
     starts = ops.convert_to_tensor(list(layout.depth_starts), "int32")
     local = safe - gather.take(starts, row_depth)
-    lo, hi = _descend(layout, indptr, local, local + 1, row_depth)
+    lo, hi = ops.unstack(_descend(layout, indptr, ops.stack([local, local + 1]), row_depth))
     if d:
         head = ops.less(safe, layout.dense_head_states)
         at = ops.where(head, safe + row_depth, 0)  # flat entry: state + depth
@@ -170,17 +170,27 @@ def tree_member_ranges(layout, indptr, dense_table, states, depth: int | None = 
     return ops.where(valid, lo, 0), ops.where(valid, hi, 0)
 
 
-def _descend(layout, indptr, lo, hi, depth):
-    """Follows first children from tail-local positions `lo`, `hi` of `depth`
-    (an int, or an int32 tensor of per-row depths) down to member numbers.
+def tree_member_starts(layout, indptr, states, depth: int):
+    """int32, shape of `states`: the first member below tail states of one
+    `depth` (`>= dense_levels`), each in `[depth_starts[depth],
+    depth_starts[depth] + level_sizes[depth]]`: one past the depth's last
+    state gives `num_members`. Consecutive states' starts bound abutting
+    ranges (`hi(s) = lo(s + 1)`), so K candidates need K + 1 of them."""
+    local = ops.cast(states, "int32") - layout.depth_starts[depth]
+    return _descend(layout, indptr, local, depth)
+
+
+def _descend(layout, indptr, position, depth):
+    """Follows first children from tail-local positions of `depth` (an int,
+    or an int32 tensor of per-row depths, broadcast against `position`)
+    down to member numbers.
 
     Position `level_sizes[u]` (one past a level's end) descends to one past
-    the next level's end, so `hi = lo(s + 1)` needs no special case. Both
-    ends go down together: one gather per branching level.
+    the next level's end, so `hi = lo(s + 1)` needs no special case. All
+    positions go down together: one gather per branching level.
     """
     last = indptr.shape[0] - 1
     first = depth if isinstance(depth, int) else layout.dense_levels
-    position = ops.stack([lo, hi])
     for u in range(first, layout.length):
         if u not in layout.indptr_offsets:  # one child each: same position below
             continue
@@ -191,7 +201,7 @@ def _descend(layout, indptr, lo, hi, depth):
         if not isinstance(depth, int):
             child = ops.where(ops.less_equal(depth, u), child, position)
         position = child
-    return position[0], position[1]
+    return position
 
 
 def string_member_ranges(member_lo, member_hi, states):
@@ -345,15 +355,30 @@ def keep_mask(words, directory, request: RequestEligibility, lo, hi):
         request: a `RequestEligibility`.
         lo, hi: int32 `[R, K]` member ranges of each row's candidate states.
     """
-    count = hi - lo
+    width = ops.shape(lo)[1]
+    return _keep(words, directory, request, ops.concatenate([lo, hi], axis=1),
+                 lambda x: x[:, width:] - x[:, :width])  # fmt: skip
+
+
+def keep_mask_between(words, directory, request: RequestEligibility, bounds):
+    """bool `[R, K]`: `keep_mask` for abutting ranges `[bounds[:, k],
+    bounds[:, k + 1])`, e.g. a row's candidates when they are consecutive
+    states (`tree_member_starts`): K + 1 ranks and searches, not 2 K."""
+    return _keep(words, directory, request, bounds, lambda x: x[:, 1:] - x[:, :-1])
+
+
+def _keep(words, directory, request, positions, span):
+    """bool: `span(counts below positions) > 0`, with `span` the ranges'
+    difference of the reads at their two ends."""
+    count = span(positions)
     if request.set_ids is not None:
-        ranks = _ranks(words, directory, request.set_ids, ops.concatenate([lo, hi], axis=1))
-        width = ops.shape(lo)[1]
-        count = _set_counts(request.set_ids, ranks[:, width:] - ranks[:, :width], count)
+        ranks = _ranks(words, directory, request.set_ids, positions)
+        count = _set_counts(request.set_ids, span(ranks), count)
     if request.excluded is not None:
-        count = count - eligibility_kernels.counted_in_ranges(
-            request.excluded, request.excluded_before, lo, hi
+        below = eligibility_kernels.counted_below(
+            request.excluded, request.excluded_before, positions
         )
+        count = count - span(below)
     return ops.greater(count, 0)
 
 
