@@ -167,6 +167,17 @@ def test_dense_codes_of_members_are_their_first_tokens(vocab, dense_levels):
     np.testing.assert_array_equal(ops.convert_to_numpy(got)[0], np.r_[want, -1, -1])
 
 
+def test_floor_division_by_a_power_of_two_is_a_shift_and_equals_numpy():
+    from static_keras.layers import eligibility_step
+
+    x = np.array([-(2**31), -4097, -2049, -2048, -1, 0, 1, 2047, 2048, 2**31 - 1], np.int32)
+    for divisor in (1, 2, 5, 2048, 2**30):
+        got = ops.convert_to_numpy(
+            eligibility_step._floor_divide(ops.convert_to_tensor(x), divisor)
+        )
+        np.testing.assert_array_equal(got, x // divisor)
+
+
 @pytest.mark.parametrize("vocab", [5, 64, 70])
 def test_grouped_blocked_words_equal_each_rows_own(vocab):
     """A beam search's exclusions stay one row per batch row; the dense step

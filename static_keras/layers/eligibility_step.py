@@ -454,7 +454,7 @@ def blocked_dense_codes(words, directory, request: RequestEligibility, codes, ta
     d = len(offsets) - 1
     real = ops.greater_equal(codes, 0)
     # The code of each depth t + 1, side by side: [R, d * (E + 1)].
-    depth_codes = [ops.where(real, ops.floor_divide(codes, vocab ** (d - 1 - t)), 0)
+    depth_codes = [ops.where(real, _floor_divide(codes, vocab ** (d - 1 - t)), 0)
                    for t in range(d)]  # fmt: skip
     at = ops.concatenate([offsets[t + 1] + c for t, c in enumerate(depth_codes)], axis=1)
     lo, hi = gather.take(table, at), gather.take(table, at + 1)
@@ -488,7 +488,7 @@ def blocked_words(blocked, parent, vocab: int, mask_words: int):
         vocab, mask_words: V and the words of a mask row.
     """
     rows = ops.shape(blocked)[0]
-    child = ops.floor_divide(blocked, vocab)
+    child = _floor_divide(blocked, vocab)
     hit = ops.logical_and(ops.greater_equal(blocked, 0), ops.equal(child, parent[:, None]))
     row = ops.broadcast_to(ops.arange(rows, dtype="int32")[:, None], ops.shape(blocked))
     return _cleared_words(row, blocked - child * vocab, hit, rows, mask_words)
@@ -507,13 +507,24 @@ def grouped_blocked_words(blocked, parent, group: int, vocab: int, mask_words: i
             (negative for rows with no state).
         group, vocab, mask_words: rows per group, V and the words of a mask row.
     """
-    child = ops.floor_divide(blocked, vocab)  # the code each blocked one is below
+    child = _floor_divide(blocked, vocab)  # the code each blocked one is below
     match = ops.equal(child[:, :, None], ops.reshape(parent, (-1, 1, group)))
     hit = ops.logical_and(ops.greater_equal(blocked, 0), ops.any(match, axis=2))
     beam = ops.cast(ops.argmax(ops.cast(match, "int32"), axis=2), "int32")
     groups = ops.shape(blocked)[0]
     row = ops.arange(groups, dtype="int32")[:, None] * group + beam
     return _cleared_words(row, blocked - child * vocab, hit, groups * group, mask_words)
+
+
+def _floor_divide(x, divisor: int):
+    """`x // divisor` (floor) for int32 `x` and a Python int `divisor` > 0:
+    an arithmetic shift when it is a power of two (floor division for
+    negative `x` too). TF's CPU integer FloorDiv is about 5x a shift."""
+    if divisor == 1:
+        return x
+    if divisor & (divisor - 1) == 0:
+        return ops.right_shift(x, divisor.bit_length() - 1)
+    return ops.floor_divide(x, divisor)
 
 
 def _cleared_words(row, token, hit, rows, mask_words: int):
