@@ -199,6 +199,25 @@ def test_derived_rows_equal_the_stored_rows(vocab, n, length, dense_levels, heav
         np.testing.assert_array_equal(np.asarray(got), stored[0, rows])
 
 
+def test_mask_rows_read_or_recompute_the_stored_planes():
+    """`mask_rows` gathers the 6 planes op by op and recomputes the 5 moves
+    when compiled: the same planes in every mode, for any rows (repeats too)."""
+    rng = np.random.default_rng(3)
+    index_masks = rng.integers(-(2**31), 2**31, (40, 3), dtype=np.int64).astype(np.int32)
+    index_masks[0] = 0  # a code with no child
+    index_masks[1] = -1  # every child
+    fields = derived_dense_masks.mask_fields(index_masks)
+    table = derived_dense_masks.planes_first(fields)
+    rows = np.r_[rng.integers(0, 40, 25), [0, 1, 39, 0]].astype(np.int32)
+    for mode, wrap in _modes():
+        got = wrap(lambda r, w: derived_dense_masks.mask_rows(table, r, w))(rows, index_masks[rows])
+        assert len(got) == derived_dense_masks.MASK_FIELDS
+        for plane, value in enumerate(got):
+            np.testing.assert_array_equal(
+                np.asarray(value), fields[rows, plane], err_msg=f"{mode} plane {plane}"
+            )
+
+
 def test_windows_store_cheap_depths_and_derive_the_rest():
     # N = 1e5-like density at a small scale: V = 64, d = 2, 2000 members.
     index = _index(64, 2000, 4, 2, seed=1)

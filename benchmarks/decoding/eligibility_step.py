@@ -23,7 +23,8 @@ is checked to be in its row's set and not excluded.
 Memory columns: bits per member per set (`EligibilitySets.bits_per_member`),
 the bytes of the layer's eligibility weights (set bits, rank directory and
 the dense-step mask rows, all sets; also per member per set) and
-member-range weights (`dense_boundaries`), and the host
+member-range weights (`dense_boundaries`, `dense_member_codes` and, where
+rows are derived, their per-code fields), and the host
 `StaticIndex.member_range_nbytes`, each against the index `nbytes`.
 
 `--breakdown` also times the set alone (no exclusions) and the exclusions

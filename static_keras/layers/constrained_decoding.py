@@ -265,8 +265,8 @@ class ConstrainedDecoding(AutomatonConstraint):
             derived_dense_masks.plane_rows(
                 weights[f"dense_code_fields_{depth}"], derived_dense_masks.CODE_FIELDS, parents
             ),
-            derived_dense_masks.plane_rows(
-                weights[f"dense_mask_fields_{depth}"], derived_dense_masks.MASK_FIELDS, parents
+            derived_dense_masks.mask_rows(
+                weights[f"dense_mask_fields_{depth}"], parents, index_words
             ),
             first_word,
             set_rows,
