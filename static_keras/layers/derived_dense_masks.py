@@ -19,7 +19,8 @@ member bits instead, bit-parallel, for the rows a step reads:
    bit per existing child, in token order;
 4. split that string by the popcounts of the index's own mask row and
    `expand` each piece into the row's set bits (`mask_fields` holds both
-   for every row): the row laid out by token.
+   for every row; compiled, the moves are recomputed, `mask_rows`): the
+   row laid out by token.
 
 About 100 elementwise ops on `[R, window]` and `[R, V / 32]` int32, a few
 gathers and one scatter, no per-member or per-token element. The window is
