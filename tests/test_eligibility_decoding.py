@@ -567,3 +567,32 @@ def test_keras_file_round_trip_keeps_sets_and_per_row_inputs(tmp_path):
     for b in range(7):
         members = eligible_members(sets, catalogue, set_ids[b], excluded_ids[b])
         assert set(items[b][items[b] >= 0].tolist()) == set(catalogue.item_ids[members].tolist())
+
+
+def test_a_layer_saved_before_dense_member_codes_loads_with_them():
+    """Layers saved before the per-member dense codes lack that one weight
+    (their last): loading fills it in from the saved boundary table."""
+    index = semantic_index(2, seed=6)
+    sets = random_sets(index, 6)
+    layer = ConstrainedDecoding(index, eligibility=sets)
+    store = {}
+    layer.save_own_variables(store)
+    last = str(len(store) - 1)
+    want = store.pop(last)  # what an older layer wrote: everything else
+    np.testing.assert_array_equal(want, layer.member_range_weights["dense_member_codes"])
+    fresh = ConstrainedDecoding.from_config(layer.get_config())
+    fresh.build()
+    fresh.load_own_variables(store)
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(fresh.member_range_weights["dense_member_codes"]), want
+    )
+    set_ids, excluded_ids = requests(index, sets)
+    request = (set_ids, MemberCatalogue.from_index(index).exclusion_members(excluded_ids))
+    states = np.zeros(set_ids.size, np.int32)
+    logits = np.random.default_rng(6).normal(size=(set_ids.size, VOCAB)).astype("float32")
+    for a, b in zip(layer.candidates(logits, states, 0, eligibility=request),
+                    fresh.candidates(logits, states, 0, eligibility=request)):  # fmt: skip
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError):  # any other count is still an error
+        store.pop("0")
+        fresh.load_own_variables(store)

@@ -372,15 +372,31 @@ class ConstrainedDecoding(AutomatonConstraint):
         d = layout.dense_levels
         size = layout.dense_head_states + layout.vocab_size**d + d + 1 if d else 1
         shapes = {"dense_boundaries": (size,)}
-        if d:  # the depth-d code of each member, for a request's exclusions
-            shapes["dense_member_codes"] = (max(layout.num_members, 1),)
         for t, window in enumerate(self.eligibility_windows):
             if window:  # what a derived row reads of the index (fixed per code)
                 codes = layout.vocab_size**t
                 planes = derived_dense_masks.CODE_FIELDS, derived_dense_masks.MASK_FIELDS
                 shapes[f"dense_code_fields_{t}"] = (planes[0] * codes, window)
                 shapes[f"dense_mask_fields_{t}"] = (planes[1] * codes, layout.mask_words)
+        if d:  # each member's depth-d code, for a request's exclusions (last:
+            # `load_own_variables` fills it in for layers saved before it)
+            shapes["dense_member_codes"] = (max(layout.num_members, 1),)
         return shapes
+
+    def load_own_variables(self, store):
+        codes = self.member_range_weights.get("dense_member_codes")
+        own = list(self.weights)
+        if codes is None or len(store.keys()) != len(own) - 1 or own[-1] is not codes:
+            return super().load_own_variables(store)
+        # Saved before the layer held `dense_member_codes` (its last weight):
+        # they follow from the saved boundary table.
+        table = self.member_range_weights["dense_boundaries"]
+        at = next(i for i, weight in enumerate(own) if weight is table)
+        values = {key: store[key] for key in store.keys()}
+        values[str(len(own) - 1)] = eligibility_step.dense_member_codes(
+            self.layout, np.asarray(values[str(at)])
+        )
+        return super().load_own_variables(values)
 
     def _member_range_arrays(self, index):
         if not self.num_eligibility_sets:
