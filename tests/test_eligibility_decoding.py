@@ -539,6 +539,7 @@ def test_string_beam_search_ranks_exactly_the_eligible_members(tiny):
                 assert got[b, rank] == pytest.approx(score, abs=1e-4)
 
 
+@pytest.mark.slow  # 18 s: keeps the default run under 15 minutes
 def test_keras_file_round_trip_keeps_sets_and_per_row_inputs(tmp_path):
     from static_keras import CachedTransformerDecoder
 
