@@ -171,7 +171,8 @@ def _ours(layer, table, batch, beam, per_beam, backend, floor=False, eligibility
             rows = ops.shape(prefix)[0]
             t = ops.shape(prefix)[1]
             last = prefix[:, -1] if t else ops.zeros((rows,), "int32")
-            batch_row = ops.arange(rows, dtype="int32") // beam
+            # B rows at step 0, B x beam after it: the reference model's rule.
+            batch_row = ops.arange(rows, dtype="int32") // ops.maximum(1, rows // batch)
             code = _hash(ops, t, last, batch_row)
             return ops.take(table_tensor, code, axis=0), state
 

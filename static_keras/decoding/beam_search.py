@@ -14,6 +14,7 @@ from static_keras.constants import PAD_TOKEN
 from static_keras.index.automaton import TokenAutomaton
 from static_keras.layers import eligibility_step
 from static_keras.layers import gather
+from static_keras.layers import two_stage_top_k
 from static_keras.layers.automaton_constraint import AutomatonConstraint
 from static_keras.layers.automaton_constraint import constraint_for
 from static_keras.layers.decoding_constraint import DecodingConstraint
@@ -42,7 +43,10 @@ def beam_search(
     float32, the index gives each beam its `K_t` valid candidates, and the
     best `beam_size` of the `beam_size * K_t` extensions survive. The
     decoder state is reordered by parent beam at every step, like the token
-    history, so a KV cache stays aligned with its beam.
+    history, so a KV cache stays aligned with its beam. The first step has
+    one live beam per batch row, so `step_fn` scores only those: it is
+    called with `B` rows (`prefix` `[B, 0]`, the state's row of each batch
+    row), and every later step with `R`.
 
     With `beam_size` at least the number of valid sequences the result is
     exact: every valid sequence, ranked by total log-probability.
@@ -58,12 +62,16 @@ def beam_search(
             variable-length sequences: a beam ends when it emits that token
             (later positions are -1) and only ended beams are returned.
         step_fn: `step_fn(prefix, state) -> (logits, state)`. `prefix` is
-            int32 `[R, t]` (the tokens so far), `logits` `[R, V]`, `state`
-            any nest of tensors with leading dimension R.
+            int32 `[rows, t]` (the tokens so far), `logits` `[rows, V]`,
+            `state` any nest of tensors with leading dimension `rows`:
+            `B` at the first step (`t = 0`), `R` after it. Rows are
+            independent: row i's logits depend on row i alone.
         batch_size: int (or scalar int tensor), B.
         beam_size: int, M, beams kept per batch row.
-        initial_state: nest of tensors with leading dimension R, rows
-            ordered batch-major (row `b * beam_size + m`). Defaults to None.
+        initial_state: nest of tensors with leading dimension B (one row
+            per batch row, as a prompt's cache) or R (rows ordered
+            batch-major, row `b * beam_size + m`; the first step reads row
+            `b * beam_size`). Defaults to None.
         num_results: int K <= beam_size, results returned per batch row.
             Defaults to `beam_size`.
         dense_top_k: int. Candidates kept per beam at dense-head steps
@@ -163,9 +171,9 @@ def beam_search(
 
     beam_scores = None  # set by the first step, which starts from one beam per row
     beam_states = ops.zeros((rows,), dtype="int32")
-    prefix = ops.zeros((rows, 0), dtype="int32")
+    prefix = ops.zeros((batch_size, 0), dtype="int32")  # step 0 scores one row per batch row
     batch_base = ops.expand_dims(ops.arange(batch_size, dtype="int32") * beam_size, 1)
-    state = initial_state
+    state = _first_rows(initial_state, batch_size, rows)
     # Variable-length sets (strings) end with EOS: a finished beam keeps its
     # score and proposes only itself (token -1) at every later step.
     eos = None if constraint is None else constraint.eos_token_id
@@ -175,10 +183,9 @@ def beam_search(
     for step in range(length):
         logits, state = step_fn(prefix, state)
         if step == 0:
-            # One live beam per batch row (row b * beam_size): only its
-            # candidates are scored and ranked, and all of its best
-            # `beam_size` survive.
-            logits = gather.take(logits, batch_base[:, 0])  # [B, V]
+            # One live beam per batch row: only its candidates are scored
+            # and ranked ([B, V] logits), and all of its best `beam_size`
+            # survive.
             row_states = ops.zeros((batch_size,), dtype="int32")
             row_scores = ops.zeros((batch_size,), dtype="float32")
             beams, per_beam = 1, beam_size
@@ -234,10 +241,11 @@ def beam_search(
             total = ops.pad(
                 total, [[0, 0], [0, beam_size - beams * width]], constant_values=-np.inf
             )
-        beam_scores, choice = ops.top_k(total, beam_size, sorted=True)  # [B, M]
-        choice = ops.minimum(ops.cast(choice, "int32"), beams * width - 1)  # padding: dead
+        # [B, M]; rows of every (beam, token) are long: two stages
+        beam_scores, choice = two_stage_top_k.top_k(total, beam_size)
+        choice = ops.minimum(choice, beams * width - 1)  # padding: dead
         beam = choice // width  # [B, M]: the parent beam within its batch row
-        parent = ops.reshape(batch_base + beam, (-1,))  # [R] rows
+        parent = ops.reshape(batch_index * beams + beam, (-1,))  # [R]: rows of this step
         live = ops.reshape(ops.greater(beam_scores, -np.inf), (-1,))
         beam_scores = ops.reshape(beam_scores, (-1,))
         if tokens is None:  # ranked the whole vocabulary: the column is the token
@@ -245,9 +253,7 @@ def beam_search(
             if constraint is None:
                 next_state = ops.zeros_like(token)
             else:
-                parent_states = gather.take(
-                    row_states, ops.reshape(batch_index * beams + beam, (-1,))
-                )
+                parent_states = gather.take(row_states, parent)
                 next_state = constraint.advance(parent_states, token, step)
         else:
             flat_choice = ops.reshape(batch_index * (beams * width) + choice, (-1,))
@@ -291,6 +297,30 @@ def _logsumexp(logits):
     stably (shifted by the row's max)."""
     top = ops.max(logits, axis=1, keepdims=True)
     return top + ops.log(ops.sum(ops.exp(logits - top), axis=1, keepdims=True))
+
+
+def _first_rows(state, batch_size, rows):
+    """The state of the first step: each batch row's row of `state`, whose
+    leading dimension is B or R = B x beam (batch-major)."""
+    if state is None:
+        return None
+
+    def first(x):
+        have = ops.shape(x)[0]
+        if isinstance(have, int) and isinstance(batch_size, int):
+            if have == batch_size:
+                return x
+            if have != rows:
+                raise ValueError(
+                    f"`initial_state` tensors must have {batch_size} (batch) or {rows} "
+                    f"(batch x beam) rows. Received shape {tuple(x.shape)}"
+                )
+        # Row b * stride: stride 1 for B rows, beam_size for R (also when
+        # the batch size is only known at run time, as in a served model).
+        stride = have // batch_size
+        return ops.take(x, ops.arange(batch_size, dtype="int32") * stride, axis=0)
+
+    return keras.tree.map_structure(first, state)
 
 
 def _repeated_finished(states, finished, beam_size: int):

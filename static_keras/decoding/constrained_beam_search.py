@@ -24,12 +24,13 @@ class ConstrainedBeamSearch(keras.layers.Layer):
     Wraps `beam_search` around a decoder layer so that a functional model
     maps context features (a user's history, a prompt) straight to the top
     valid sequences. The decoder follows the step contract:
-    `decoder(prefix, state) -> (logits, state)`, with `prefix` int32 `[R, t]`
-    and `state` a nest of tensors with leading dimension `R = B * beam_size`.
-    If the decoder has a method `initial_state(context)`, it turns the
-    context (each row repeated `beam_size` times) into the first state (for
-    example: encode the history once and allocate a KV cache); otherwise the
-    repeated context itself is the state.
+    `decoder(prefix, state) -> (logits, state)`, with `prefix` int32
+    `[rows, t]` and `state` a nest of tensors with leading dimension `rows`:
+    `B` at the first step (one live beam per input row), `R = B * beam_size`
+    after it (`beam_search` reorders the state by parent beam). If the
+    decoder has a method `initial_state(context)`, it turns the context
+    (`[B, ...]`) into the first state (for example: encode the history once
+    and allocate a KV cache); otherwise the context itself is the state.
 
     Args:
         index: a `TokenAutomaton` (`StaticIndex`, `StringIndex`) or None.
@@ -178,14 +179,13 @@ class ConstrainedBeamSearch(keras.layers.Layer):
         if set_ids is None and excluded is None and request is not None:
             set_ids, excluded, used = request
             used.append(True)
-        repeated = keras.tree.map_structure(
-            lambda x: ops.repeat(x, self.beam_size, axis=0), context
-        )
         batch_size = ops.shape(keras.tree.flatten(context)[0])[0]
+        # One row per input row: the first step has one live beam each, and
+        # `beam_search` repeats the state by parent beam after it.
         if hasattr(self.decoder, "initial_state"):
-            state = self.decoder.initial_state(repeated)
+            state = self.decoder.initial_state(context)
         else:
-            state = repeated
+            state = context
         found = beam_search(
             self.constraint,
             self.decoder,

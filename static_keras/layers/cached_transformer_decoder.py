@@ -13,7 +13,7 @@ class CachedTransformerDecoder(keras.layers.Layer):
     """A TIGER-style transformer decoder with a KV cache, one token per call.
 
     The context (for a recommender: the ids of the items a user interacted
-    with, `[R, H]` int, 0 = padding) is embedded once by `initial_state`;
+    with, `[rows, H]` int, 0 = padding) is embedded once by `initial_state`;
     every call then embeds one new token (BOS at step 0, else the last token
     of the prefix), writes its keys and values into a fixed-size cache at
     position t, and attends over the context and the cache. The cache lives

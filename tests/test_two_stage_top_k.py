@@ -1,0 +1,70 @@
+"""The two-stage top-k equals a stable descending sort, index for index."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from static_keras.layers import two_stage_top_k
+
+
+def _oracle(x, k):
+    """Descending by value, ties by lower index: NumPy's stable sort."""
+    order = np.argsort(-x, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(x, order, axis=1), order
+
+
+def _modes():
+    yield "eager", lambda f: f
+    backend = keras.config.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        yield "graph", lambda f: tf.function(f, autograph=False)
+        yield "xla", lambda f: tf.function(f, jit_compile=True, autograph=False)
+    elif backend == "jax":
+        import jax
+
+        yield "jit", jax.jit
+
+
+def _rows(kind, rows, n, rng):
+    if kind == "normal":
+        return rng.normal(size=(rows, n)).astype("float32")
+    if kind == "ties":  # few distinct values: ties at every rank
+        return rng.integers(0, 4, (rows, n)).astype("float32")
+    if kind == "masked":  # a dense mask: most values -inf, some rows all -inf
+        x = rng.normal(size=(rows, n)).astype("float32")
+        x[rng.random((rows, n)) < 0.999] = -np.inf
+        x[0] = -np.inf
+        return x
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "masked"])
+@pytest.mark.parametrize(
+    "n, k",
+    [
+        (1024 * 3, 3),  # exactly the threshold: two stages, 32 blocks of 32
+        (1024 * 3 - 1, 3),  # one below: the plain kernel
+        (20 * 2048, 20),  # batch 128 x beam 20 at V = 2048
+        (5 * 1031 * 4, 5),  # not a multiple of the block: -inf padding
+        (7000, 1),
+    ],
+)
+def test_two_stage_top_k_equals_a_stable_sort(kind, n, k):
+    x = _rows(kind, 3, n, np.random.default_rng(n + k))
+    want_values, want_indices = _oracle(x, k)
+    for mode, wrap in _modes():
+        values, indices = wrap(lambda v: two_stage_top_k.top_k(v, k))(x)
+        np.testing.assert_array_equal(np.asarray(values), want_values, err_msg=mode)
+        np.testing.assert_array_equal(np.asarray(indices), want_indices, err_msg=mode)
+        assert np.asarray(indices).dtype == np.int32
+
+
+def test_block_sizes_balance_the_two_stages():
+    assert two_stage_top_k._block_size(20 * 2048, 20) == 32
+    assert two_stage_top_k._block_size(70 * 2048, 70) == 32
+    assert two_stage_top_k._block_size(1024, 1) == 32
+    assert two_stage_top_k._block_size(8, 8) == 1
