@@ -57,7 +57,7 @@ def _table_model(index, table, beam, per_beam):
     """A functional model: batch-row ids `[B, 1]` -> the constrained top beams.
 
     The decoder looks up the logits table by (step, last token, batch row);
-    its state is the batch row, repeated per beam by `ConstrainedBeamSearch`.
+    its state is the batch row (`[B, 1]`, reordered by parent beam from step 1 on).
     """
     import keras
     from keras import ops
