@@ -1,7 +1,7 @@
 """The served path: an exported SavedModel's Predict beside the reference STATIC code.
 
     python -m benchmarks.decoding.served_predict --peer ../shared/peers/static-constraint-decoding
-        [--sizes 1e5,1e6] [--configs "2x70 tpb30,1x1"] [--rounds 5] [--runs 20]
+        [--sizes 1e5,1e6] [--configs "2x70 tpb30,1x1"] [--rounds 5] [--runs 20] [--xla]
 
 What TF Serving users get: the same decode as `versus_reference` (same
 semantic IDs, same logits table indexed by a hash of step, last token and
@@ -16,7 +16,9 @@ one, each after 64 MiB of scratch writes: cold caches, as between requests)
 and then `--runs` reference calls under `jax.jit` with the same eviction;
 the table gives the median over rounds of ours / reference. Before timing,
 the served tokens are checked equal to the reference's. Writes
-`served_predict.csv` under `--out-dir`.
+`served_predict.csv` under `--out-dir`. `--xla` exports with `xla=True` and
+runs with XLA compilation on (a server started with
+`--xla_cpu_compilation_enabled=true`) into `served_predict_xla.csv`.
 """
 
 from __future__ import annotations
@@ -48,6 +50,12 @@ def _parse(argv):
     parser.add_argument("--configs", default=",".join(c[0] for c in CONFIGS))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--runs", type=int, default=20, help="timed calls per round and side")
+    parser.add_argument(
+        "--xla",
+        action="store_true",
+        help="export with xla=True and run with XLA on (a server started with "
+        "--xla_cpu_compilation_enabled=true); default: graph, XLA off",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", default=os.path.join(REPO, "benchmarks", "results"))
     return parser.parse_args(argv)
@@ -99,6 +107,7 @@ def main(argv=None):
     from static_keras.serving.cc_loader import run_saved_model
 
     runner = build_runner()
+    mode = "XLA on" if args.xla else "graph, XLA off"
     wanted = set(args.configs.split(","))
     table = np.random.default_rng(args.seed).normal(size=(TABLE_ROWS, VOCAB)).astype("float32")
     rows = []
@@ -114,8 +123,8 @@ def main(argv=None):
             with tempfile.TemporaryDirectory() as folder:
                 path = os.path.join(folder, "model")
                 model = _table_model(index, table, beam, per_beam)
-                export_saved_model(model, path, warmup_inputs=inputs)
-                served = run_saved_model(path, inputs, binary=runner)
+                export_saved_model(model, path, xla=args.xla, warmup_inputs=inputs)
+                served = run_saved_model(path, inputs, xla=args.xla, binary=runner)
                 got = served.outputs["tokens"]
                 if not np.array_equal(got, expected):
                     differ = int((got != expected).any(axis=2).sum())
@@ -125,6 +134,7 @@ def main(argv=None):
                     result = run_saved_model(
                         path,
                         inputs,
+                        xla=args.xla,
                         binary=runner,
                         repeat=args.runs,
                         evict_mib=EVICT_BYTES >> 20,
@@ -140,7 +150,7 @@ def main(argv=None):
             row = {
                 "n": size,
                 "config": name,
-                "mode": "served Predict (C++ Session::Run, graph, XLA off)",
+                "mode": f"served Predict (C++ Session::Run, {mode})",
                 "ours_ms": statistics.median(ours),
                 "reference_ms": statistics.median(theirs),
                 "ratio_median": statistics.median(a / b for a, b in zip(ours, theirs)),
@@ -155,7 +165,8 @@ def main(argv=None):
                 f"ratio {row['ratio_median']:.2f}",
                 flush=True,
             )
-    path = os.path.join(args.out_dir, "served_predict.csv")
+    name = "served_predict_xla.csv" if args.xla else "served_predict.csv"
+    path = os.path.join(args.out_dir, name)
     write_csv(path, rows)
     print(f"wrote {path}")
 
