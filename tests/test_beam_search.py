@@ -141,6 +141,41 @@ def test_state_is_reordered_by_parent_beam():
     assert index.contains(np.asarray(out["tokens"]).reshape(-1, 4)).all()
 
 
+def test_first_step_calls_the_decoder_on_one_row_per_batch_row():
+    """Step 0 has one live beam per batch row: the decoder gets B rows there
+    and R after it, and a state of B rows decodes as its R-row repeat does."""
+    index = StaticIndex.build(np.random.default_rng(5).integers(0, 6, (150, 4)), 6)
+    table = ops.convert_to_tensor(_table(6, seed=4))
+    calls = []
+
+    def step_fn(prefix, state):
+        calls.append((prefix.shape[0], ops.shape(state)[0]))
+        # The logits depend on the row's own state, so a misaligned state
+        # (wrong row at step 0, wrong parent later) changes the result.
+        code = ops.sum(ops.cast(prefix, "int32"), axis=1) * 5 + state[:, 0] * 11 + prefix.shape[1]
+        return ops.take(table, code % _TABLE_ROWS, axis=0), state
+
+    per_batch = ops.convert_to_tensor(np.array([[1], [4], [9]], "int32"))
+    out = beam_search(index, step_fn, batch_size=3, beam_size=5, initial_state=per_batch)
+    assert calls == [(3, 3)] + [(15, 15)] * 3
+    repeated = ops.convert_to_tensor(np.repeat(np.array([[1], [4], [9]], "int32"), 5, axis=0))
+    again = beam_search(index, step_fn, batch_size=3, beam_size=5, initial_state=repeated)
+    np.testing.assert_array_equal(np.asarray(out["tokens"]), np.asarray(again["tokens"]))
+    np.testing.assert_array_equal(np.asarray(out["scores"]), np.asarray(again["scores"]))
+    # Each batch row alone (batch 1, its own state) gives the same beams.
+    for b, row in enumerate([1, 4, 9]):
+        alone = beam_search(
+            index, step_fn, batch_size=1, beam_size=5,
+            initial_state=ops.convert_to_tensor(np.array([[row]], "int32")),
+        )  # fmt: skip
+        np.testing.assert_array_equal(np.asarray(alone["tokens"])[0], np.asarray(out["tokens"])[b])
+    with pytest.raises(ValueError, match="initial_state"):
+        beam_search(
+            index, step_fn, batch_size=3, beam_size=5,
+            initial_state=ops.zeros((7, 1), "int32"),
+        )  # fmt: skip
+
+
 def _cached_setup(seed=0, vocab=12, length=4, n=400):
     rng = np.random.default_rng(seed)
     seqs = rng.integers(0, vocab, size=(n, length))
