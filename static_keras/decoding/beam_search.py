@@ -318,7 +318,7 @@ def _first_rows(state, batch_size, rows):
         # Row b * stride: stride 1 for B rows, beam_size for R (also when
         # the batch size is only known at run time, as in a served model).
         stride = have // batch_size
-        return ops.take(x, ops.arange(batch_size, dtype="int32") * stride, axis=0)
+        return gather.take(x, ops.arange(batch_size, dtype="int32") * stride)
 
     return keras.tree.map_structure(first, state)
 

@@ -32,8 +32,10 @@ MIN_LENGTH_PER_K = 1024
 
 def top_k(x, k: int):
     """`(values, indices)` of the `k` largest entries of each row of 2-D `x`,
-    sorted descending, ties by lower index: `ops.top_k(x, k)` exactly
-    (indices int32). `x`'s last dimension must be static; NaN-free."""
+    sorted descending: `ops.top_k(x, k)` exactly (indices int32), ties by
+    lower index as TensorFlow's and XLA's top-k break them (PyTorch's
+    `topk` leaves the order of ties open: equal values, tied indices may
+    differ). `x`'s last dimension must be static; NaN-free."""
     n = x.shape[-1]
     if n is None or n < MIN_LENGTH_PER_K * k:
         values, indices = ops.top_k(x, k, sorted=True)
@@ -47,7 +49,7 @@ def top_k(x, k: int):
     _, chosen = ops.top_k(ops.max(tiles, axis=2), k, sorted=False)
     # Ascending block order: positions in the gathered row then follow the
     # original order, so the second top-k breaks ties by lower index.
-    chosen = -ops.top_k(-ops.cast(chosen, "int32"), k, sorted=True)[0]
+    chosen = ops.sort(ops.cast(chosen, "int32"), axis=-1)
     first = ops.expand_dims(ops.arange(rows, dtype="int32") * blocks, 1)
     picked = gather.take(ops.reshape(tiles, (-1, block)), ops.reshape(first + chosen, (-1,)))
     values, position = ops.top_k(ops.reshape(picked, (-1, k * block)), k, sorted=True)
