@@ -196,12 +196,17 @@ def beam_search(
                 beam_size,
                 dense_top_k,
             )
-        logits = ops.cast(logits, "float32")
-        # log-softmax = logits - logsumexp. Only the chosen candidates need
-        # it, so the [R, V] matrix is never written a second time: candidates
-        # are picked on the logits (the same order within a row) and the
-        # row's normaliser is subtracted from their scores.
-        normaliser = _logsumexp(logits)  # [R, 1]
+        # log-softmax = (logits - max) - log(sum(exp(logits - max))), as
+        # `jax.nn.log_softmax` computes it. Only the chosen candidates need
+        # the second term: candidates are picked on the shifted logits (the
+        # same order within a row) and the row's normaliser is subtracted
+        # from their scores, so no [R, V] log-prob matrix is written. The
+        # shifted logits are the one [R, V] tensor every consumer reads:
+        # under XLA a model's output then fuses into a single pass, as in
+        # the reference's log-softmax (reading the logits themselves made a
+        # gather-model's output materialise twice), and the graph executor
+        # computes them for the normaliser anyway.
+        logits, normaliser = _shift_and_normaliser(ops.cast(logits, "float32"))
         scores = tokens = None
         here = per_batch_row if step == 0 else per_beam_row
         if per_beam >= beam_size and (eos is None or step == 0):
@@ -292,11 +297,11 @@ def beam_search(
     return result
 
 
-def _logsumexp(logits):
-    """float32 `[R, 1]`: `log(sum(exp(logits)))` of each row, computed
-    stably (shifted by the row's max)."""
-    top = ops.max(logits, axis=1, keepdims=True)
-    return top + ops.log(ops.sum(ops.exp(logits - top), axis=1, keepdims=True))
+def _shift_and_normaliser(logits):
+    """`(shifted [R, V], normaliser [R, 1])`, float32: each row minus its max,
+    and `log(sum(exp(shifted)))`; `shifted - normaliser` is the log-softmax."""
+    shifted = logits - ops.max(logits, axis=1, keepdims=True)
+    return shifted, ops.log(ops.sum(ops.exp(shifted), axis=1, keepdims=True))
 
 
 def _first_rows(state, batch_size, rows):
