@@ -53,8 +53,11 @@ def test_round_trip_in_a_fresh_process(small_model, tmp_path):
     served = np.load(tmp_path / "out.npz")
     for batch, inputs in batches.items():
         expected = model.predict(inputs, verbose=0)
-        for name in ("tokens", "scores", "item_ids"):
+        for name in ("tokens", "item_ids"):
             np.testing.assert_array_equal(served[f"{batch}_{name}"], expected[name])
+        # `predict` may compile with XLA, the served graph does not: the
+        # log-softmax's sum of exponentials is added in another order.
+        np.testing.assert_allclose(served[f"{batch}_scores"], expected["scores"], rtol=1e-6)
         assert index.contains(expected["tokens"].reshape(-1, index.length)).all()
 
 
