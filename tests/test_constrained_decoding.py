@@ -10,6 +10,7 @@ from keras import ops
 from static_keras import MASKED_LOGIT
 from static_keras import ConstrainedDecoding
 from static_keras import StaticIndex
+from static_keras.layers import dense_edge_rows
 
 
 def _random_index(seed, n=60, vocab=7, length=4, dense_levels="auto", item_ids=False):
@@ -113,10 +114,13 @@ def test_weights_config_and_counts():
     index = _random_index(4, item_ids=True)
     layer = ConstrainedDecoding(index)
     assert layer.trainable_weights == []
-    assert len(layer.non_trainable_weights) == len(index.arrays) == 5
+    # The index's 5 arrays, and the last dense step's edge rows (derived).
+    derived = dense_edge_rows.arrays(index.layout, index.arrays["dense_states"])
+    assert sorted(derived) == sorted(layer.derived_index_weights)
+    assert len(layer.non_trainable_weights) == len(index.arrays) + 2 == 7
     for weight in layer.weights:
         name = weight.path.split("/")[-1]
-        np.testing.assert_array_equal(np.asarray(weight), index.arrays[name])
+        np.testing.assert_array_equal(np.asarray(weight), {**index.arrays, **derived}[name])
     config = layer.get_config()
     assert "index" not in config
     assert len(str(config)) < 1000  # layout integers only, no data

@@ -207,32 +207,13 @@ def beam_search(
         # gather-model's output materialise twice), and the graph executor
         # computes them for the normaliser anyway.
         logits, normaliser = _shift_and_normaliser(ops.cast(logits, "float32"))
-        scores = tokens = None
         here = per_batch_row if step == 0 else per_beam_row
-        if per_beam >= beam_size and (eos is None or step == 0):
-            # No per-beam cap can bind (a beam never gives more than
-            # `beam_size` survivors): rank every (beam, token) of a batch row
-            # at once where the constraint has the whole matrix (a dense
-            # mask), instead of a top-k per beam and then one over those.
-            if constraint is None:
-                scores = logits
-            elif here is None:
-                scores = constraint.vocabulary_scores(logits, row_states, step)
-            else:
-                scores = constraint.vocabulary_scores(logits, row_states, step, eligibility=here)
-        if scores is None:
-            if constraint is None:
-                scores, tokens = ops.top_k(logits, min(per_beam, ops.shape(logits)[1]))
-                tokens = ops.cast(tokens, "int32")
-                next_states = ops.zeros_like(tokens)
-            elif here is None:
-                scores, tokens, next_states = constraint.candidates(
-                    logits, row_states, step, top_k=per_beam
-                )
-            else:
-                scores, tokens, next_states = constraint.candidates(
-                    logits, row_states, step, top_k=per_beam, eligibility=here
-                )
+        # A beam never gives more than `beam_size` survivors, so a cap of
+        # `beam_size` or more never binds: then no per-beam top-k at all.
+        cap = None if per_beam >= beam_size and (eos is None or step == 0) else per_beam
+        scores, tokens, next_states = _step_candidates(
+            constraint, logits, row_states, step, cap, per_beam, here, eos is None
+        )
         scores = scores - normaliser  # -inf (padding, disallowed) stays -inf
         width = ops.shape(scores)[1]
         if eos is not None and step > 0:
@@ -263,7 +244,10 @@ def beam_search(
         else:
             flat_choice = ops.reshape(batch_index * (beams * width) + choice, (-1,))
             token = gather.take(ops.reshape(tokens, (-1,)), flat_choice)
-            next_state = gather.take(ops.reshape(next_states, (-1,)), flat_choice)
+            if next_states is None:  # dead rows' padding tokens advance to -1
+                next_state = constraint.advance(gather.take(row_states, parent), token, step)
+            else:
+                next_state = gather.take(ops.reshape(next_states, (-1,)), flat_choice)
         token = ops.where(live, token, PAD_TOKEN)
         beam_states = ops.where(live, next_state, INVALID_STATE)
         prefix = ops.concatenate([gather.take(prefix, parent), ops.expand_dims(token, 1)], axis=1)
@@ -295,6 +279,38 @@ def beam_search(
         ids = constraint.item_ids(ops.where(live, beam_states, INVALID_STATE))
         result["item_ids"] = ops.reshape(ids, (-1, beam_size))[:, :num_results]
     return result
+
+
+def _step_candidates(constraint, logits, row_states, step, cap, per_beam, eligibility, fixed):
+    """`(scores, tokens, next_states)` of one step: `[rows, V]` scores with
+    tokens and next states None (the column is the token), or `[rows, K]`
+    candidates whose next states may be None (`advance` the survivors).
+    `cap`: tokens per beam, None where no cap can bind; `fixed`: no EOS."""
+
+    def ask(method, *args, **kwargs):  # baselines take no `eligibility`
+        if eligibility is not None:
+            kwargs["eligibility"] = eligibility
+        return getattr(constraint, method)(*args, **kwargs)
+
+    if constraint is None:
+        if cap is None:
+            return logits, None, None
+        scores, tokens = ops.top_k(logits, min(per_beam, ops.shape(logits)[1]))
+        tokens = ops.cast(tokens, "int32")
+        return scores, tokens, ops.zeros_like(tokens)
+    if cap is None:
+        # Rank every (beam, token) of a batch row at once where the
+        # constraint has the whole matrix (a dense mask).
+        scores = ask("vocabulary_scores", logits, row_states, step)
+        if scores is not None:
+            return scores, None, None
+    if fixed:
+        # Where a candidate's next state is a cold table read (a dense
+        # head's state map), take scores and tokens only.
+        found = ask("candidate_tokens", logits, row_states, step, top_k=cap)
+        if found is not None:
+            return (*found, None)
+    return ask("candidates", logits, row_states, step, top_k=cap)
 
 
 def _shift_and_normaliser(logits):

@@ -152,6 +152,12 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
                 initializer="zeros",
                 trainable=False,
             )
+        self.derived_index_weights = {}
+        for name, (shape, dtype) in self._derived_index_shapes().items():
+            self.derived_index_weights[name] = self.add_weight(
+                name=name, shape=shape, dtype=_device_dtype(dtype), initializer="zeros",
+                trainable=False,
+            )  # fmt: skip
         self._build_eligibility()
         if self._pending_index is not None:
             self.set_index(self._pending_index)
@@ -181,6 +187,8 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
                     "on JAX enable 64-bit with jax_enable_x64"
                 )
             weight.assign(values)
+        for name, array in self._derived_index_arrays(index.arrays).items():
+            self.derived_index_weights[name].assign(array)
         for name, array in self._member_range_arrays(index).items():
             self.member_range_weights[name].assign(array)
 
@@ -414,12 +422,30 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         next_states = ops.where(ok, next_states, INVALID_STATE)
         return scores, tokens, next_states
 
+    def candidate_tokens(self, logits, states, step=None, top_k: int | None = None,
+                         eligibility=None):  # fmt: skip
+        """`(scores, tokens)` of `candidates` at a dense-head int step, whose
+        next states are reads of the dense state map (one per candidate:
+        `advance` the survivors instead); None elsewhere. `eligibility`: as
+        in `candidates`."""
+        t = self._static_step(step)
+        if t is None or not self._is_dense(t) or self._reads_edge_rows(t, eligibility):
+            return None
+        states = ops.cast(states, "int32")
+        if eligibility is not None:
+            eligibility = self.check_eligibility(eligibility)
+        k = self.num_candidates(t, top_k)
+        logits = ops.cast(logits, "float32")
+        scores, tokens, ok = self._dense_top_k(logits, states, t, k, k, eligibility)
+        ok = ops.logical_and(ok, ops.greater(scores, -np.inf))
+        return ops.where(ok, scores, -np.inf), ops.where(ok, tokens, PAD_TOKEN)
+
     def vocabulary_scores(self, log_probs, states, step, eligibility=None):
         """`[R, V]` scores, `-inf` where disallowed, at a dense-head int step;
         None elsewhere (see `DecodingConstraint.vocabulary_scores`).
         `eligibility`: as in `candidates`."""
         t = self._static_step(step)
-        if t is None or not self._is_dense(t):
+        if t is None or not self._is_dense(t) or self._reads_edge_rows(t, eligibility):
             return None
         states = ops.cast(states, "int32")
         if eligibility is not None:
@@ -536,6 +562,19 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
     def _is_dense(self, step: int) -> bool:
         return step < self.layout.dense_levels
 
+    def _reads_edge_rows(self, step: int, eligibility) -> bool:
+        """Whether dense `step` reads its candidates from CSR rows (a kind's
+        `_dense_candidates` then does) rather than a whole mask row."""
+        return False
+
+    def _derived_index_shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Weights a kind derives from the index arrays (not in the archive)."""
+        return {}
+
+    def _derived_index_arrays(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Their values, from an index's arrays."""
+        return {}
+
     def _in_dense_head(self, states):
         raise NotImplementedError
 
@@ -611,10 +650,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
             scores = ops.where(ok, scores, -np.inf)
         width = ops.shape(edges)[1]
         if k < width and (step is None or self._caps(step)):
-            scores, pick = ops.top_k(scores, k, sorted=True)
-            tokens = gather.take_along_rows(tokens, pick)
-            next_states = gather.take_along_rows(next_states, pick)
-            ok = ops.greater(scores, -np.inf)
+            scores, tokens, next_states, ok = self._best_slots(scores, tokens, next_states, k)
         elif k > width:  # any-step candidates: as wide as the widest dense step
             pad = [[0, 0], [0, k - width]]
             scores = ops.pad(scores, pad, constant_values=-np.inf)
@@ -624,15 +660,28 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         return scores, tokens, next_states, ok
 
     def _dense_candidates(self, logits, states, step, k: int, cap: int, eligibility=None):
+        scores, tokens, ok = self._dense_top_k(logits, states, step, k, cap, eligibility)
+        next_states = self._dense_next(ops.expand_dims(states, 1), tokens, step)
+        return scores, tokens, next_states, ok
+
+    @staticmethod
+    def _best_slots(scores, tokens, next_states, k: int):
+        """The `k` best of `[R, B]` candidate slots (`-inf`: padding), sorted."""
+        scores, pick = ops.top_k(scores, k, sorted=True)
+        tokens = gather.take_along_rows(tokens, pick)
+        next_states = gather.take_along_rows(next_states, pick)
+        return scores, tokens, next_states, ops.greater(scores, -np.inf)
+
+    def _dense_top_k(self, logits, states, step, k: int, cap: int, eligibility=None):
+        """`(scores, tokens, ok)` `[R, k]`: the best `k` allowed tokens of
+        each dense-head row, of which the first `cap` count."""
         allowed = self._dense_allowed(states, step, eligibility)
         masked = ops.where(allowed, logits, -np.inf)
         scores, tokens = ops.top_k(masked, k, sorted=True)
         ok = gather.take_along_rows(allowed, tokens)
         if cap < k:
             ok = ops.logical_and(ok, ops.less(ops.arange(k), cap)[None, :])
-        tokens = ops.cast(tokens, "int32")
-        next_states = self._dense_next(ops.expand_dims(states, 1), tokens, step)
-        return scores, tokens, next_states, ok
+        return scores, ops.cast(tokens, "int32"), ok
 
     def _dense_advance(self, states, tokens, step):
         safe = ops.clip(tokens, 0, self.layout.vocab_size - 1)

@@ -11,6 +11,7 @@ from static_keras.constants import MASKED_LOGIT
 from static_keras.constants import PAD_TOKEN
 from static_keras.index.layout import IndexLayout
 from static_keras.index.static_index import StaticIndex
+from static_keras.layers import dense_edge_rows
 from static_keras.layers import derived_dense_masks
 from static_keras.layers import eligibility_step
 from static_keras.layers import gather
@@ -367,6 +368,39 @@ class ConstrainedDecoding(AutomatonConstraint):
             count = ops.where(branching, row_count, count)
         return ops.where(inner, start, 0), ops.where(inner, count, 0)
 
+    def _derived_index_shapes(self):
+        return dense_edge_rows.shapes(self.layout)
+
+    def _derived_index_arrays(self, arrays):
+        return dense_edge_rows.arrays(self.layout, arrays["dense_states"])
+
+    def _reads_edge_rows(self, step: int, eligibility) -> bool:
+        # Requests with eligibility read the mask rows (their set words
+        # and exclusions are per mask word); the results are the same.
+        return eligibility is None and step == dense_edge_rows.edge_row_step(self.layout)
+
+    def _dense_candidates(self, logits, states, step, k: int, cap: int, eligibility=None):
+        if step is None or not self._reads_edge_rows(step, eligibility):
+            return super()._dense_candidates(logits, states, step, k, cap, eligibility)
+        # The children of a code are consecutive depth-d tail states: B_t
+        # slots from its row pointer, as a tail step reads its CSR row.
+        layout = self.layout
+        valid = ops.greater(states, INVALID_STATE)
+        codes = ops.where(valid, states - layout.dense_mask_offsets[step], 0)
+        pointers = self.derived_index_weights[dense_edge_rows.POINTERS]
+        start = gather.take(pointers, codes)
+        count = ops.where(valid, gather.take(pointers, codes + 1) - start, 0)
+        slot = ops.arange(layout.step_widths[step], dtype="int32")
+        ok = ops.less(slot, ops.expand_dims(count, 1))
+        edges = ops.where(ok, ops.expand_dims(start, 1) + slot, 0)
+        tokens = gather.take(self.derived_index_weights[dense_edge_rows.TOKENS], edges)
+        tokens = ops.cast(tokens, "int32")
+        scores = ops.where(ok, gather.take_along_rows(logits, tokens), -np.inf)
+        next_states = edges + layout.dense_head_states  # depth-d tail state = edge
+        if k < ops.shape(edges)[1]:
+            return self._best_slots(scores, tokens, next_states, k)
+        return scores, tokens, next_states, ok
+
     def _member_range_shapes(self):
         layout = self.layout
         d = layout.dense_levels
@@ -384,19 +418,27 @@ class ConstrainedDecoding(AutomatonConstraint):
         return shapes
 
     def load_own_variables(self, store):
+        # Weights a layer saved before them lacks, in the order they came
+        # (`dense_member_codes`, then the dense edge rows): each follows from
+        # weights it did save.
         codes = self.member_range_weights.get("dense_member_codes")
+        later = [w for w in (codes, *self.derived_index_weights.values()) if w is not None]
         own = list(self.weights)
-        if codes is None or len(store.keys()) != len(own) - 1 or own[-1] is not codes:
+        missing = len(own) - len(store.keys())
+        if not 0 < missing <= len(later):
             return super().load_own_variables(store)
-        # Saved before the layer held `dense_member_codes` (its last weight):
-        # they follow from the saved boundary table.
-        table = self.member_range_weights["dense_boundaries"]
-        at = next(i for i, weight in enumerate(own) if weight is table)
-        values = {key: store[key] for key in store.keys()}
-        values[str(len(own) - 1)] = eligibility_step.dense_member_codes(
-            self.layout, np.asarray(values[str(at)])
+        absent = {id(w) for w in later[len(later) - missing :]}
+        saved = [w for w in own if id(w) not in absent]
+        value = {id(w): np.asarray(store[str(i)]) for i, w in enumerate(saved)}
+        if id(codes) in absent:
+            table = value[id(self.member_range_weights["dense_boundaries"])]
+            value[id(codes)] = eligibility_step.dense_member_codes(self.layout, table)
+        derived = self._derived_index_arrays(
+            {"dense_states": value[id(self.index_weights["dense_states"])]}
         )
-        return super().load_own_variables(values)
+        for name, weight in self.derived_index_weights.items():
+            value.setdefault(id(weight), derived[name])
+        return super().load_own_variables({str(i): value[id(w)] for i, w in enumerate(own)})
 
     def _member_range_arrays(self, index):
         if not self.num_eligibility_sets:

@@ -43,6 +43,18 @@ class DecodingConstraint:
         """
         return None
 
+    def candidate_tokens(self, log_probs, states, step: int, top_k: int | None = None):
+        """`(scores, tokens)`, each `[R, K_t]`, or None: `candidates` without
+        the next states.
+
+        A constraint returns them at steps where a candidate's next state
+        costs a cold read of a large table (a dense head's state map: one
+        per candidate, R x K_t of them), and `beam_search` then `advance`s
+        only the survivors (R). None (the default) means "use
+        `candidates`".
+        """
+        return None
+
     def advance(self, states, tokens, step):
         """The state after appending `tokens [R]` to each row (-1 if not allowed)."""
         raise NotImplementedError
