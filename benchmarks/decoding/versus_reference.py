@@ -130,30 +130,52 @@ def _hash(xp, step, last_token, batch_row):
 
 class _NoIndex:
     """The floor: the same search with the same candidate widths and no index
-    read. At a dense step the best `top_k` tokens of the whole vocabulary, at a
-    CSR step the first `B_t` tokens; every state stays 0. What is left is the
-    model, the log-softmax, the top-k and the beam bookkeeping."""
+    read. At a dense step the whole vocabulary (ranked at once where no
+    per-beam cap binds, else its best `top_k` per beam); at a CSR step, and
+    at a dense step the layer reads as CSR rows (`dense_edge_rows`), the
+    first `B_t` tokens (their best `top_k` where it caps); every state stays
+    0. What is left is the model, the log-softmax, the top-k and the beam
+    bookkeeping."""
 
     def __init__(self, layer):
+        from static_keras.layers import dense_edge_rows
         from static_keras.layers.decoding_constraint import DecodingConstraint
 
         self.constraint = type("NoIndex", (DecodingConstraint,), {})()
         self.constraint.length = layer.length
         self.constraint.candidates = self.candidates
+        self.constraint.vocabulary_scores = self.vocabulary_scores
+        self.constraint.advance = self.advance
         self.widths = layer.step_widths
         self.dense_levels = layer.dense_levels
+        rows = dense_edge_rows.POINTERS in layer.derived_index_weights
+        self.edge_row_step = layer.dense_levels - 1 if rows else None
+
+    def _whole(self, step):
+        return step < self.dense_levels and step != self.edge_row_step
+
+    def vocabulary_scores(self, log_probs, states, step):
+        return log_probs if self._whole(step) else None
+
+    def advance(self, states, tokens, step):
+        from keras import ops
+
+        return ops.zeros_like(tokens)
 
     def candidates(self, log_probs, states, step, top_k=None):
         from keras import ops
 
         rows = ops.shape(log_probs)[0]
-        if step < self.dense_levels:
-            scores, tokens = ops.top_k(log_probs, top_k or self.widths[step])
+        width = self.widths[step]
+        if self._whole(step):
+            scores, tokens = ops.top_k(log_probs, top_k or width)
             tokens = ops.cast(tokens, "int32")
         else:
-            width = self.widths[step]
             scores = log_probs[:, :width]
             tokens = ops.broadcast_to(ops.arange(width, dtype="int32")[None, :], (rows, width))
+            if top_k is not None and top_k < width and step < self.dense_levels:
+                scores, pick = ops.top_k(scores, top_k)
+                tokens = ops.cast(pick, "int32")
         return scores, tokens, ops.zeros_like(tokens)
 
 

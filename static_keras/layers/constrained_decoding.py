@@ -372,12 +372,18 @@ class ConstrainedDecoding(AutomatonConstraint):
         return dense_edge_rows.shapes(self.layout)
 
     def _derived_index_arrays(self, arrays):
+        if not self.derived_index_weights:
+            return {}
         return dense_edge_rows.arrays(self.layout, arrays["dense_states"])
 
     def _reads_edge_rows(self, step: int, eligibility) -> bool:
         # Requests with eligibility read the mask rows (their set words
         # and exclusions are per mask word); the results are the same.
-        return eligibility is None and step == dense_edge_rows.edge_row_step(self.layout)
+        return (
+            eligibility is None
+            and step == self.layout.dense_levels - 1
+            and dense_edge_rows.POINTERS in self.derived_index_weights
+        )
 
     def _dense_candidates(self, logits, states, step, k: int, cap: int, eligibility=None):
         if step is None or not self._reads_edge_rows(step, eligibility):

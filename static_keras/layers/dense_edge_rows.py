@@ -11,8 +11,8 @@ number (no read of the `V**d` state map). A semantic-ID set of 1e5 items
 over V = 2048, d = 2 has B of about 75.
 
 The rows cost a token per depth-d state and a pointer per code of depth
-d - 1; the layer keeps them only where they pay: `2 * B <= V` (measured in
-docs/benchmarks.md). The arrays follow from the index's dense state map, so
+d - 1; the layer keeps them only where they pay: `B <= WIDTH_FRACTION * V`
+(measured in docs/benchmarks.md). The arrays follow from the index's dense state map, so
 they are derived when an index is loaded (and filled in for layers saved
 before them), never stored in the index archive.
 """
@@ -26,12 +26,18 @@ from static_keras.index.layout import token_dtype
 
 POINTERS, TOKENS = "dense_edge_indptr", "dense_edge_tokens"
 
+#: The widest rows kept, as a fraction of the vocabulary: at V = 2048 a
+#: [140, 1024]-slot step still beats unpacking and ranking [140, 2048]; at
+#: 1900 slots it no longer does.
+WIDTH_FRACTION = 0.5
+
 
 def edge_row_step(layout: IndexLayout) -> int | None:
     """The dense step served by CSR rows (the last, d - 1), or None where its
-    rows would be wider than half the vocabulary (or there is no dense head)."""
+    rows would be wider than `WIDTH_FRACTION` of the vocabulary (or there is
+    no dense head)."""
     step = layout.dense_levels - 1
-    if step < 0 or 2 * layout.step_widths[step] > layout.vocab_size:
+    if step < 0 or layout.step_widths[step] > WIDTH_FRACTION * layout.vocab_size:
         return None
     return step
 
@@ -41,6 +47,10 @@ def shapes(layout: IndexLayout) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     step = edge_row_step(layout)
     if step is None:
         return {}
+    return _shapes(layout, step)
+
+
+def _shapes(layout: IndexLayout, step: int):
     return {
         POINTERS: ((layout.vocab_size**step + 1,), np.dtype(np.int32)),
         TOKENS: ((max(1, layout.level_sizes[step + 1]),), token_dtype(layout.vocab_size)),
@@ -51,9 +61,9 @@ def arrays(layout: IndexLayout, dense_states: np.ndarray) -> dict[str, np.ndarra
     """The rows from the dense state map (`V**d` codes -> depth-d tail state,
     -1 outside the set): the codes present, in order, are the depth-d tail
     states 0, 1, ...; code `p * V + token` is child `token` of code `p`."""
-    found = shapes(layout)
-    if not found:
+    if not layout.dense_levels:
         return {}
+    found = _shapes(layout, layout.dense_levels - 1)
     vocab = layout.vocab_size
     codes = np.flatnonzero(np.asarray(dense_states) >= 0)
     if not np.array_equal(dense_states[codes], np.arange(codes.size)):
