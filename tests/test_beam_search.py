@@ -1,5 +1,6 @@
 """Constrained beam search against exhaustive ranking of the valid set."""
 
+import itertools
 import os
 import subprocess
 import sys
@@ -9,11 +10,13 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
+from test_two_stage_top_k import _modes
 
 from static_keras import CachedTransformerDecoder
 from static_keras import ConstrainedBeamSearch
 from static_keras import StaticIndex
 from static_keras import beam_search
+from static_keras import constraint_for
 from static_keras.layers import DecodingConstraint
 
 _TABLE_ROWS = 97
@@ -340,12 +343,19 @@ def test_tokens_per_beam_applies_per_beam_after_the_first_step():
     # Wider rows than 30 at the dense step: equal to the per-beam oracle.
     seqs = np.concatenate([rng.integers(0, 3, (400, 1)), rng.integers(0, vocab, (400, 2))], 1)
     index = StaticIndex.build(seqs, vocab, dense_levels=2)
-    out = beam_search(
-        index, lambda p, s: (logits_of(p), s), batch_size=1, beam_size=40, dense_top_k=5
-    )
     tokens, scores = _per_beam_top_k_oracle(index.sequences(), vocab, 3, table, 40, 5, 2)
-    np.testing.assert_array_equal(np.asarray(out["tokens"])[0], tokens)
-    np.testing.assert_allclose(np.asarray(out["scores"])[0], scores, atol=1e-5)
+    # Compiled (XLA), the cap is applied by rankings of the whole batch row
+    # (`capped_top_k`); op by op, by a top-k per beam. Both are the oracle.
+    layer = constraint_for(index)  # weights made outside the compiled function
+    assert not layer.derived_index_weights  # rows of ~56 of 64 tokens: the mask rows
+    for mode, wrap in _modes():
+        out = wrap(
+            lambda: beam_search(
+                layer, lambda p, s: (logits_of(p), s), batch_size=1, beam_size=40, dense_top_k=5
+            )
+        )()
+        np.testing.assert_array_equal(np.asarray(out["tokens"])[0], tokens, err_msg=mode)
+        np.testing.assert_allclose(np.asarray(out["scores"])[0], scores, atol=1e-5)
 
 
 class _CandidatesOnly(DecodingConstraint):
@@ -398,17 +408,19 @@ def test_unconstrained_baseline_uses_the_same_tokens_per_beam():
     vocab = 9
     table = _table(vocab, seed=5)
     logits_of = _prefix_logits(ops.convert_to_tensor(table))
-    for beam, per_beam in ((12, 3), (20, 9), (5, 2)):
-        out = beam_search(
-            None,
-            lambda p, s: (logits_of(p), s),
-            batch_size=1,
-            beam_size=beam,
-            length=3,
-            dense_top_k=per_beam,
-        )
+    for (beam, per_beam), (mode, wrap) in itertools.product(((12, 3), (20, 9), (5, 2)), _modes()):
+        out = wrap(
+            lambda: beam_search(
+                None,
+                lambda p, s: (logits_of(p), s),
+                batch_size=1,
+                beam_size=beam,
+                length=3,
+                dense_top_k=per_beam,
+            )
+        )()
         tokens, scores = _per_beam_top_k_oracle(None, vocab, 3, table, beam, per_beam, 3)
-        np.testing.assert_array_equal(np.asarray(out["tokens"])[0], tokens)
+        np.testing.assert_array_equal(np.asarray(out["tokens"])[0], tokens, err_msg=mode)
         np.testing.assert_allclose(np.asarray(out["scores"])[0], scores, atol=1e-5)
 
 

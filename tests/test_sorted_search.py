@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 
+from static_keras.layers import execution_mode
 from static_keras.layers import sorted_search
 
 SENTINEL = 2**31 - 1
@@ -65,7 +66,7 @@ def test_rows_of_unknown_width_in_a_tf_graph_and_under_xla():
 
 def test_the_execution_mode_is_told_apart():
     if keras.backend.backend() != "tensorflow":
-        assert not sorted_search.tf_op_by_op()
+        assert not execution_mode.tf_op_by_op()
         return
     import tensorflow as tf
 
@@ -73,9 +74,9 @@ def test_the_execution_mode_is_told_apart():
     for jit in (False, True):
 
         def probe(x, jit=jit):
-            seen[jit] = sorted_search.tf_op_by_op()
+            seen[jit] = execution_mode.tf_op_by_op()
             return x
 
         tf.function(probe, jit_compile=jit)(tf.constant(1))
     assert seen == {False: True, True: False}
-    assert sorted_search.tf_op_by_op()  # eager
+    assert execution_mode.tf_op_by_op()  # eager

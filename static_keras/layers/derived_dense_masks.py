@@ -33,14 +33,13 @@ at V = 2048, N = 1e6.
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 from keras import ops
 
 from static_keras.index import layout as host_layout
 from static_keras.layers import bit_fields
+from static_keras.layers import execution_mode
 from static_keras.layers import gather
-from static_keras.layers import sorted_search
 
 #: Stored dense rows of a depth may cost at most this many bits per member
 #: per set; above it the depth is derived (the sets are 1.5 bits).
@@ -181,16 +180,10 @@ def mask_rows(table, rows, index_words):
     than reading 5 cold planes, 1.3 KB per row, in a serving loop; only the
     bit offsets are gathered.
     """
-    if not _compiled():
+    if not execution_mode.xla_compiled():
         return plane_rows(table, MASK_FIELDS, rows)
     before = gather.take(table, (MASK_FIELDS - 1) * (table.shape[0] // MASK_FIELDS) + rows)
     return [*bit_fields.compress_moves(index_words), before]
-
-
-def _compiled() -> bool:
-    """Whether ops built now are compiled by XLA (TF `jit_compile`, JAX)."""
-    backend = keras.config.backend()
-    return backend == "jax" or (backend == "tensorflow" and not sorted_search.tf_op_by_op())
 
 
 def derived_words(words, fields, masks, first_word, set_rows, index_words):
@@ -229,7 +222,7 @@ def computed_once(x):
     an identity `segment_sum`, +0.3 ms). Where TF runs op by op, and on
     torch, `x` itself.
     """
-    if _compiled():
+    if execution_mode.xla_compiled():
         flat = ops.reshape(x, (-1,))
         size = flat.shape[0] if flat.shape[0] is not None else ops.shape(flat)[0]
         summed = ops.segment_sum(flat, ops.arange(size, dtype="int32"), size)

@@ -21,23 +21,10 @@ only slower.
 
 from __future__ import annotations
 
-import keras
 from keras import ops
 
 from static_keras.layers import gather
-
-
-def tf_op_by_op() -> bool:
-    """Whether ops built now run one by one in TensorFlow (eagerly, or in a
-    `tf.function` outside any `jit_compile` context), not compiled by XLA."""
-    if keras.config.backend() != "tensorflow":
-        return False
-    import tensorflow as tf
-    from tensorflow.python.ops import control_flow_util
-
-    if tf.executing_eagerly():
-        return True
-    return not control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+from static_keras.layers.execution_mode import tf_op_by_op
 
 
 def count_below(sorted_rows, values, max_width: int):

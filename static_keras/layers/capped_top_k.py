@@ -1,0 +1,141 @@
+"""The best `k` of each batch row with at most `cap` per beam, without a top-k per beam.
+
+A beam search with "tokens per beam" (the reference's `tokens_per_beam`,
+our `dense_top_k`) keeps each beam's best `cap` tokens, then the best `k`
+of those over the batch row's beams. At a dense step that is a top-k over
+every row of `[B x M, V]` (`[140, 2048]` at 2 x 70): the CPU top-k kernels
+of XLA and TensorFlow walk each row with a heap, and that one call was the
+largest single cost of a decode at 10^7 items.
+
+The same result from rankings of the whole batch row: rank every (beam,
+token) of the row (`two_stage_top_k`'s blocks); a beam holding more than
+`cap` of the best `k` has its best `cap` among them, in order, so its
+`cap`-th entry there is its limit; cap each such beam at its limit and rank
+again. Entries of an earlier ranking that survive a cap stay in the next
+one (removing entries only moves the rest up), so every capped beam keeps
+its `cap` entries and at most `(k - 1) // cap` beams are ever capped:
+`(k - 1) // cap + 1` rankings are always enough (3 at 70 / 30). The block
+maxima of the whole row are computed once; a capped beam's blocks take the
+maxima of its admitted entries, which all lie in the previous ranking.
+
+Ties resolve as the per-beam form resolves them (a beam's best `cap` are
+the first by (score desc, token asc); the ranking prefers the lower beam,
+then the lower token), so the result equals per-beam `ops.top_k` followed
+by `ops.top_k` over the concatenation, value for value and index for index.
+Branch-free, static shapes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from keras import ops
+
+from static_keras.layers import gather
+
+#: Values per block: 32 balances the block maxima (`M V / 32`) against the
+#: chosen blocks' values (`32 k`) at V = 2048, k = 70.
+BLOCK = 32
+
+
+def capped_top_k(scores, k: int, cap: int):
+    """`(values [B, k] float32, indices [B, k] int32)`: the best `k` entries
+    of each batch row of `scores [B, M, V]` with at most `cap` from each of
+    its M beams, sorted descending; an index is `beam * V + token`. Rows
+    with fewer than `k` finite entries admitted end in `-inf` padding (its
+    index is an unspecified entry). `M`, `V` static; NaN-free."""
+    beams, vocab = scores.shape[1], scores.shape[2]
+    blocks = -(-vocab // BLOCK)
+    if blocks * BLOCK != vocab:  # -inf padding at the end of each beam's row
+        pad = [[0, 0], [0, 0], [0, blocks * BLOCK - vocab]]
+        scores = ops.pad(scores, pad, constant_values=-np.inf)
+    rows = ops.shape(scores)[0]
+    tiles = ops.reshape(scores, (-1, BLOCK))  # [B * M * blocks, BLOCK]
+    whole_maxima = ops.reshape(ops.max(tiles, axis=1), (-1, beams * blocks))
+    row_first = ops.expand_dims(ops.arange(rows, dtype="int32"), 1)
+    offsets = ops.arange(BLOCK, dtype="int32")
+    capped = limit_value = limit_token = None  # no beam is capped before the first ranking
+    maxima = whole_maxima
+    width = min(k, beams * blocks)  # blocks read per ranking: the best k hold the best k
+    for ranking in range((k - 1) // cap + 1):
+        _, chosen = ops.top_k(maxima, width, sorted=False)
+        # Ascending block order: the second top-k then breaks ties by (beam, token).
+        chosen = ops.sort(ops.cast(chosen, "int32"), axis=-1)  # [B, width]
+        picked = gather.take(tiles, ops.reshape(row_first * (beams * blocks) + chosen, (-1,)))
+        picked = ops.reshape(picked, (-1, width, BLOCK))
+        beam = chosen // blocks
+        token = ops.expand_dims((chosen % blocks) * BLOCK, 2) + offsets  # [B, width, BLOCK]
+        if capped is not None:
+            admitted = _admitted(
+                picked,
+                token,
+                gather.take_along_rows(capped, beam)[:, :, None],
+                gather.take_along_rows(limit_value, beam)[:, :, None],
+                gather.take_along_rows(limit_token, beam)[:, :, None],
+            )
+            picked = ops.where(admitted, picked, -np.inf)
+        values, position = ops.top_k(ops.reshape(picked, (-1, width * BLOCK)), k, sorted=True)
+        position = ops.cast(position, "int32")
+        block = gather.take_along_rows(chosen, position // BLOCK)
+        beam = block // blocks
+        token = (block % blocks) * BLOCK + position % BLOCK
+        if ranking == (k - 1) // cap:
+            return values, beam * vocab + token
+        capped, limit_value, limit_token, maxima = _cap(
+            values, beam, token, block, capped, limit_value, limit_token, whole_maxima, cap,
+            beams, blocks,
+        )  # fmt: skip
+
+
+def _admitted(values, token, capped, limit_value, limit_token):
+    """Whether each entry is among its beam's best `cap`: any entry of an
+    uncapped beam; of a capped one, those at or before its limit in (score
+    desc, token asc) order."""
+    before = ops.logical_or(
+        ops.greater(values, limit_value),
+        ops.logical_and(ops.equal(values, limit_value), ops.less_equal(token, limit_token)),
+    )
+    return ops.logical_or(ops.logical_not(capped), before)
+
+
+def _cap(values, beam, token, block, capped, limit_value, limit_token, whole_maxima, cap,
+         beams, blocks):  # fmt: skip
+    """After a ranking (`[B, k]`: values, beam, token, block of each entry):
+    caps every beam holding more than `cap` entries at its `cap`-th, and
+    returns the block maxima of the next ranking (a capped beam's blocks:
+    the maxima of its admitted entries, all in this ranking)."""
+    k = values.shape[1]
+    live = ops.greater(values, -np.inf)
+    one_hot = ops.logical_and(
+        ops.equal(ops.expand_dims(beam, 2), ops.arange(beams, dtype="int32")),
+        ops.expand_dims(live, 2),
+    )  # [B, k, M]
+    count = ops.sum(ops.cast(one_hot, "int32"), axis=1)  # [B, M]
+    same = ops.equal(ops.expand_dims(beam, 2), ops.expand_dims(beam, 1))  # [B, k, k]
+    earlier = ops.arange(k)[:, None] > ops.arange(k)[None, :]  # [i, j]: j before i
+    position = ops.sum(ops.cast(ops.logical_and(same, earlier[None]), "int32"), axis=2)
+    at_limit = ops.logical_and(one_hot, ops.expand_dims(ops.equal(position, cap - 1), 2))
+    new_value = ops.max(ops.where(at_limit, ops.expand_dims(values, 2), -np.inf), axis=1)
+    new_token = ops.max(ops.where(at_limit, ops.expand_dims(token, 2), -1), axis=1)
+    over = ops.greater(count, cap)  # [B, M]; never a beam capped before
+    if capped is None:
+        capped, limit_value, limit_token = over, new_value, new_token
+    else:
+        capped = ops.logical_or(capped, over)
+        limit_value = ops.where(over, new_value, limit_value)
+        limit_token = ops.where(over, new_token, limit_token)
+    # The admitted entries of capped beams (their first `cap` here), by block.
+    keep = ops.logical_and(
+        ops.logical_and(live, ops.less(position, cap)), gather.take_along_rows(capped, beam)
+    )
+    rows = ops.shape(values)[0]
+    segments = beams * blocks
+    first = ops.expand_dims(ops.arange(rows, dtype="int32") * segments, 1)
+    ids = ops.reshape(ops.where(keep, first + block, rows * segments), (-1,))
+    flat = ops.reshape(ops.where(keep, values, -np.inf), (-1,))
+    found = ops.segment_max(flat, ids, num_segments=rows * segments + 1)[:-1]
+    held = ops.segment_sum(ops.ones_like(flat), ids, num_segments=rows * segments + 1)[:-1]
+    capped_maxima = ops.reshape(ops.where(ops.greater(held, 0), found, -np.inf), (-1, segments))
+    block_capped = ops.reshape(
+        ops.repeat(ops.expand_dims(capped, 2), blocks, axis=2), (-1, segments)
+    )
+    return capped, limit_value, limit_token, ops.where(block_capped, capped_maxima, whole_maxima)

@@ -1,0 +1,32 @@
+"""Which execution mode the ops being built will run in.
+
+Some kernels have a formulation per mode (`docs/concepts.md`): XLA (JAX,
+TF `jit_compile`) fuses many small ops into a few loops, while TensorFlow's
+graph executor (what TF Serving runs by default) and eager mode dispatch
+every op on its own, a few microseconds each. Both forms give the same
+results; the choice is made when the ops are built, so a SavedModel
+exported without XLA carries the op-by-op form.
+"""
+
+from __future__ import annotations
+
+import keras
+
+
+def tf_op_by_op() -> bool:
+    """Whether ops built now run one by one in TensorFlow (eagerly, or in a
+    `tf.function` outside any `jit_compile` context), not compiled by XLA."""
+    if keras.config.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util
+
+    if tf.executing_eagerly():
+        return True
+    return not control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def xla_compiled() -> bool:
+    """Whether ops built now are compiled by XLA (TF `jit_compile`, JAX)."""
+    backend = keras.config.backend()
+    return backend == "jax" or (backend == "tensorflow" and not tf_op_by_op())
