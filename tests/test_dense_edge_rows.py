@@ -1,9 +1,12 @@
 """The last dense step read as CSR rows (`layers.dense_edge_rows`): the rows
 against the NumPy index, and a layer with them against one without."""
 
+import itertools
+
 import numpy as np
 import pytest
 from keras import ops
+from test_two_stage_top_k import _modes
 
 from static_keras import ConstrainedDecoding
 from static_keras import StaticIndex
@@ -126,6 +129,14 @@ def test_beam_search_with_rows_equals_without(dense_levels, monkeypatch):
             np.testing.assert_allclose(
                 np.asarray(outs[0]["scores"]), np.asarray(outs[1]["scores"]), rtol=1e-6
             )
+    # Compiled by XLA, a binding cap is the search's own (`capped_top_k` over
+    # the rows' uncapped candidates, or over the mask rows' whole matrix):
+    # the same beams as the per-beam top-k run eagerly.
+    want = beam_search(layers[1], step_fn, 2, 12, dense_top_k=2)
+    for (mode, wrap), layer in itertools.product(list(_modes())[1:], layers):
+        out = wrap(lambda: beam_search(layer, step_fn, 2, 12, dense_top_k=2))()
+        for key in ("tokens", "item_ids"):
+            np.testing.assert_array_equal(np.asarray(out[key]), np.asarray(want[key]), mode)
     # A beam as wide as the set returns every member (exact, no eligibility).
     out = beam_search(layers[0], step_fn, 1, 200)
     assert int((np.asarray(out["item_ids"])[0] >= 0).sum()) == index.num_sequences

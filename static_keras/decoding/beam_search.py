@@ -218,7 +218,7 @@ def beam_search(
         # cheaper there than a heap top-k per beam. Op by op, the per-beam
         # top-k's two kernels beat its ~100 small ops.
         capped_rows = cap is not None and eos is None and execution_mode.xla_compiled()
-        scores, tokens, next_states = _step_candidates(
+        scores, tokens, next_states, apply_cap = _step_candidates(
             constraint, logits, row_states, step, cap, per_beam, here, eos is None, capped_rows
         )
         scores = scores - normaliser  # -inf (padding, disallowed) stays -inf
@@ -230,7 +230,7 @@ def beam_search(
             tokens = ops.where(done, PAD_TOKEN, tokens)
             next_states = ops.where(done, ops.expand_dims(beam_states, 1), next_states)
         total = ops.reshape(ops.expand_dims(row_scores, 1) + scores, (-1, beams, width))
-        if tokens is None and cap is not None:  # the whole vocabulary, `cap` per beam
+        if apply_cap:  # whole rows or uncapped candidates, `cap` per beam
             beam_scores, choice = capped_top_k.capped_top_k(total, beam_size, cap)
         else:
             total = ops.reshape(total, (-1, beams * width))
@@ -295,11 +295,13 @@ def beam_search(
 def _step_candidates(
     constraint, logits, row_states, step, cap, per_beam, eligibility, fixed, capped_rows
 ):
-    """`(scores, tokens, next_states)` of one step: `[rows, V]` scores with
-    tokens and next states None (the column is the token), or `[rows, K]`
-    candidates whose next states may be None (`advance` the survivors).
+    """`(scores, tokens, next_states, apply_cap)` of one step: `[rows, V]`
+    scores with tokens and next states None (the column is the token), or
+    `[rows, K]` candidates whose next states may be None (`advance` the
+    survivors); `apply_cap`: the search still has to cap each beam at `cap`.
     `cap`: tokens per beam, None where no cap can bind; `fixed`: no EOS;
-    `capped_rows`: whole rows wanted even where `cap` binds."""
+    `capped_rows`: the search applies a binding cap itself where it can
+    (`capped_top_k`), on whole rows or uncapped candidates."""
 
     def ask(method, *args, **kwargs):  # baselines take no `eligibility`
         if eligibility is not None:
@@ -308,23 +310,25 @@ def _step_candidates(
 
     if constraint is None:
         if cap is None or capped_rows:
-            return logits, None, None
+            return logits, None, None, cap is not None
         scores, tokens = ops.top_k(logits, min(per_beam, ops.shape(logits)[1]))
         tokens = ops.cast(tokens, "int32")
-        return scores, tokens, ops.zeros_like(tokens)
+        return scores, tokens, ops.zeros_like(tokens), False
     if cap is None or capped_rows:
         # Rank every (beam, token) of a batch row at once where the
         # constraint has the whole matrix (a dense mask).
         scores = ask("vocabulary_scores", logits, row_states, step)
         if scores is not None:
-            return scores, None, None
+            return scores, None, None, cap is not None
+    if capped_rows and constraint.caps(step):
+        return (*ask("candidates", logits, row_states, step, top_k=None), True)
     if fixed:
         # Where a candidate's next state is a cold table read (a dense
         # head's state map), take scores and tokens only.
         found = ask("candidate_tokens", logits, row_states, step, top_k=cap)
         if found is not None:
-            return (*found, None)
-    return ask("candidates", logits, row_states, step, top_k=cap)
+            return (*found, None, False)
+    return (*ask("candidates", logits, row_states, step, top_k=cap), False)
 
 
 def _shift_and_normaliser(logits):

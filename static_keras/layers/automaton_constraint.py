@@ -422,6 +422,10 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         next_states = ops.where(ok, next_states, INVALID_STATE)
         return scores, tokens, next_states
 
+    def caps(self, step: int) -> bool:
+        t = self._static_step(step)
+        return t is not None and self._caps(t)
+
     def candidate_tokens(self, logits, states, step=None, top_k: int | None = None,
                          eligibility=None):  # fmt: skip
         """`(scores, tokens)` of `candidates` at a dense-head int step, whose

@@ -43,6 +43,17 @@ class DecodingConstraint:
         """
         return None
 
+    def caps(self, step: int) -> bool:
+        """Whether `top_k` caps the candidates of int `step` per row.
+
+        Where it does, `beam_search` may ask for uncapped candidates
+        (`top_k=None`) and apply the cap itself, ranking every beam's
+        candidates at once (`layers.capped_top_k`); the result must be the
+        same as the constraint's own cap: each row's best `top_k` by score,
+        ties by position. False (the default): `top_k` is always passed.
+        """
+        return False
+
     def candidate_tokens(self, log_probs, states, step: int, top_k: int | None = None):
         """`(scores, tokens)`, each `[R, K_t]`, or None: `candidates` without
         the next states.
