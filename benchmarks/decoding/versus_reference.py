@@ -23,6 +23,13 @@ and top-k with no index read at all (`_NoIndex`); what a constrained decode
 adds to it is the index's cost, and the floor's ratio to the reference
 bounds what any constraint kernel can reach in that mode.
 
+Both sides get their arguments ready-made: the index arrays and the logits
+table live on the device before timing, and the reference's PRNG key (which
+its harness passes through, unused by the table model) is one array made
+once. (Until session 12 the key was a fresh `jnp.int32(0)` per call: a
+host-to-device transfer inside the reference's timed call, about 0.1-0.5 ms
+after the eviction, which flattered every ratio, most at 1 x 1.)
+
 Configurations: "2x70 tpb30" (batch 2 x beam 70, 30 tokens per beam at
 dense steps: the reference's own benchmark), "2x70 exact" (70 per beam),
 "128x20", "1x1". Before timing, every configuration checks that our tokens equal
