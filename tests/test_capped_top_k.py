@@ -47,9 +47,10 @@ def _scores(kind, shape, rng):
     "beams, vocab, k, cap",
     [
         (70, 64, 70, 30),  # the reference's 70 / 30 (3 rankings)
-        (12, 40, 12, 5),  # V not a multiple of the block: -inf padding
+        (12, 100, 12, 5),  # V not a multiple of its block (8): -inf padding
         (6, 32, 6, 1),  # one per beam: k rankings
-        (4, 7, 10, 3),  # fewer blocks than k
+        (4, 7, 10, 3),  # blocks of one value
+        (3, 64, 8, 3),  # fewer blocks (6 of 32) than k
     ],
 )
 def test_capped_top_k_equals_the_per_beam_form(kind, beams, vocab, k, cap):
@@ -57,6 +58,7 @@ def test_capped_top_k_equals_the_per_beam_form(kind, beams, vocab, k, cap):
     x = _scores(kind, (2, beams, vocab), rng)
     want_values, want_indices = _oracle(x, k, cap)
     live = np.isfinite(want_values)  # padding's index is unspecified
+    assert capped_top_k._block_size(100) == 8 and capped_top_k._block_size(7) == 1
     for mode, wrap in _modes():
         values, indices = wrap(lambda v: capped_top_k.capped_top_k(v, k, cap))(x)
         np.testing.assert_array_equal(np.asarray(values), want_values, err_msg=mode)

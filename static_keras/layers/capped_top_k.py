@@ -33,7 +33,9 @@ from keras import ops
 from static_keras.layers import gather
 
 #: Values per block: 32 balances the block maxima (`M V / 32`) against the
-#: chosen blocks' values (`32 k`) at V = 2048, k = 70.
+#: chosen blocks' values (`32 k`) at V = 2048, k = 70. Narrower rows take
+#: the widest power of two below it that pads them by at most a sixteenth
+#: (`_block_size`): padding is a copy of the whole `[B, M, V]`.
 BLOCK = 32
 
 
@@ -44,15 +46,16 @@ def capped_top_k(scores, k: int, cap: int):
     with fewer than `k` finite entries admitted end in `-inf` padding (its
     index is an unspecified entry). `M`, `V` static; NaN-free."""
     beams, vocab = scores.shape[1], scores.shape[2]
-    blocks = -(-vocab // BLOCK)
-    if blocks * BLOCK != vocab:  # -inf padding at the end of each beam's row
-        pad = [[0, 0], [0, 0], [0, blocks * BLOCK - vocab]]
+    size = _block_size(vocab)
+    blocks = -(-vocab // size)
+    if blocks * size != vocab:  # -inf padding at the end of each beam's row
+        pad = [[0, 0], [0, 0], [0, blocks * size - vocab]]
         scores = ops.pad(scores, pad, constant_values=-np.inf)
     rows = ops.shape(scores)[0]
-    tiles = ops.reshape(scores, (-1, BLOCK))  # [B * M * blocks, BLOCK]
+    tiles = ops.reshape(scores, (-1, size))  # [B * M * blocks, size]
     whole_maxima = ops.reshape(ops.max(tiles, axis=1), (-1, beams * blocks))
     row_first = ops.expand_dims(ops.arange(rows, dtype="int32"), 1)
-    offsets = ops.arange(BLOCK, dtype="int32")
+    offsets = ops.arange(size, dtype="int32")
     capped = limit_value = limit_token = None  # no beam is capped before the first ranking
     maxima = whole_maxima
     width = min(k, beams * blocks)  # blocks read per ranking: the best k hold the best k
@@ -61,9 +64,9 @@ def capped_top_k(scores, k: int, cap: int):
         # Ascending block order: the second top-k then breaks ties by (beam, token).
         chosen = ops.sort(ops.cast(chosen, "int32"), axis=-1)  # [B, width]
         picked = gather.take(tiles, ops.reshape(row_first * (beams * blocks) + chosen, (-1,)))
-        picked = ops.reshape(picked, (-1, width, BLOCK))
+        picked = ops.reshape(picked, (-1, width, size))
         beam = chosen // blocks
-        token = ops.expand_dims((chosen % blocks) * BLOCK, 2) + offsets  # [B, width, BLOCK]
+        token = ops.expand_dims((chosen % blocks) * size, 2) + offsets  # [B, width, size]
         if capped is not None:
             admitted = _admitted(
                 picked,
@@ -73,17 +76,26 @@ def capped_top_k(scores, k: int, cap: int):
                 gather.take_along_rows(limit_token, beam)[:, :, None],
             )
             picked = ops.where(admitted, picked, -np.inf)
-        values, position = ops.top_k(ops.reshape(picked, (-1, width * BLOCK)), k, sorted=True)
+        values, position = ops.top_k(ops.reshape(picked, (-1, width * size)), k, sorted=True)
         position = ops.cast(position, "int32")
-        block = gather.take_along_rows(chosen, position // BLOCK)
+        block = gather.take_along_rows(chosen, position // size)
         beam = block // blocks
-        token = (block % blocks) * BLOCK + position % BLOCK
+        token = (block % blocks) * size + position % size
         if ranking == (k - 1) // cap:
             return values, beam * vocab + token
         capped, limit_value, limit_token, maxima = _cap(
             values, beam, token, block, capped, limit_value, limit_token, whole_maxima, cap,
             beams, blocks,
         )  # fmt: skip
+
+
+def _block_size(width: int) -> int:
+    """The widest power of two up to `BLOCK` that pads a row of `width` values
+    by at most `width / 16` (72 -> 8, 501 -> 32, 2048 -> 32, 5 -> 1)."""
+    size = BLOCK
+    while size > 1 and (-width) % size * 16 > width:
+        size //= 2
+    return size
 
 
 def _admitted(values, token, capped, limit_value, limit_token):

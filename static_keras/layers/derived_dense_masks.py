@@ -209,25 +209,7 @@ def derived_words(words, fields, masks, first_word, set_rows, index_words):
     found = bit_fields.segment_any(eligible, opens, fields[7:14])
     found = bit_fields.compress(found, opens, fields[2:7])
     children = _concatenate(found, fields[14], index_words.shape[1])
-    return computed_once(_spread(children, index_words, masks[:5], masks[5]))
-
-
-def computed_once(x):
-    """`x`, materialised once under XLA (TF `jit_compile`, JAX).
-
-    A dense step unpacks each word to 32 flags, and XLA fuses the ~100 cheap
-    bit ops that make a word into that unpack, once per flag (+16 ms at
-    `[2560, 64]`). XLA's CPU pipeline drops optimization barriers before
-    fusion, so the words pass through a scatter instead (a fusion root;
-    an identity `segment_sum`, +0.3 ms). Where TF runs op by op, and on
-    torch, `x` itself.
-    """
-    if execution_mode.xla_compiled():
-        flat = ops.reshape(x, (-1,))
-        size = flat.shape[0] if flat.shape[0] is not None else ops.shape(flat)[0]
-        summed = ops.segment_sum(flat, ops.arange(size, dtype="int32"), size)
-        return ops.reshape(summed, ops.shape(x))
-    return x
+    return execution_mode.computed_once(_spread(children, index_words, masks[:5], masks[5]))
 
 
 def _concatenate(pieces, offset, mask_words: int):
