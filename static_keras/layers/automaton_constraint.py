@@ -432,12 +432,10 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         next states are reads of the dense state map (one per candidate:
         `advance` the survivors instead); None elsewhere. `eligibility`: as
         in `candidates`."""
-        t = self._static_step(step)
-        if t is None or not self._is_dense(t) or self._reads_edge_rows(t, eligibility):
+        found = self._mask_row_step(states, step, eligibility)
+        if found is None:
             return None
-        states = ops.cast(states, "int32")
-        if eligibility is not None:
-            eligibility = self.check_eligibility(eligibility)
+        t, states, eligibility = found
         k = self.num_candidates(t, top_k)
         logits = ops.cast(logits, "float32")
         scores, tokens, ok = self._dense_top_k(logits, states, t, k, k, eligibility)
@@ -448,14 +446,22 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         """`[R, V]` scores, `-inf` where disallowed, at a dense-head int step;
         None elsewhere (see `DecodingConstraint.vocabulary_scores`).
         `eligibility`: as in `candidates`."""
+        found = self._mask_row_step(states, step, eligibility)
+        if found is None:
+            return None
+        t, states, eligibility = found
+        allowed = self._dense_allowed(states, t, eligibility)
+        return ops.where(allowed, ops.cast(log_probs, "float32"), -np.inf)
+
+    def _mask_row_step(self, states, step, eligibility):
+        """`(t, states, eligibility)` set out for a dense int step read from
+        mask rows, or None for any other step."""
         t = self._static_step(step)
         if t is None or not self._is_dense(t) or self._reads_edge_rows(t, eligibility):
             return None
-        states = ops.cast(states, "int32")
         if eligibility is not None:
             eligibility = self.check_eligibility(eligibility)
-        allowed = self._dense_allowed(states, t, eligibility)
-        return ops.where(allowed, ops.cast(log_probs, "float32"), -np.inf)
+        return t, ops.cast(states, "int32"), eligibility
 
     def allowed_mask(self, states, step=None, eligibility=None):
         """bool `[R, V]`: the allowed next tokens of each row.
