@@ -159,3 +159,50 @@ def test_a_layer_saved_before_the_rows_loads_with_them(monkeypatch):
         fresh.load_own_variables({str(i): value for i, value in enumerate(older)})
         for a, b in zip(fresh.weights, weights):
             np.testing.assert_array_equal(ops.convert_to_numpy(a), ops.convert_to_numpy(b))
+
+
+@pytest.mark.parametrize("dense_levels", [1, 2, 3])
+def test_eligible_candidates_with_rows_equal_candidates_without(dense_levels, monkeypatch):
+    """With eligibility, the rows keep a candidate by its member range (as a
+    tail step does); the mask rows by the set's words and the blocked codes:
+    the same candidates, in every execution mode."""
+    from test_eligibility_decoding import random_sets
+    from test_eligibility_decoding import requests
+
+    rng = np.random.default_rng(dense_levels)
+    seqs = np.unique(_index(30 + dense_levels, dense_levels).sequences(), axis=0)
+    # Member m has item id 100 + m, as `random_sets` and `requests` expect.
+    index = StaticIndex.build(
+        seqs, 9, dense_levels=dense_levels, item_ids=100 + np.arange(len(seqs))
+    )
+    sets = random_sets(index, dense_levels)
+    with_rows, without = (_layer(index, r, monkeypatch, eligibility=sets) for r in (True, False))
+    set_ids, excluded_ids = requests(index, sets)
+    excluded = MemberCatalogue.from_index(index).exclusion_members(excluded_ids)
+    step = dense_levels - 1
+    prefixes = np.unique(index.sequences()[:, :step], axis=0)
+    states = index.walk(prefixes[rng.integers(0, len(prefixes), set_ids.size)].astype(np.int32))
+    states = np.asarray(states if step else np.zeros(set_ids.size), np.int32)
+    states[-1] = -1  # a dead row
+    logits = rng.normal(size=(set_ids.size, 9)).astype("float32")
+    for top_k in (None, 2):
+        for mode, wrap in _modes():
+
+            def both(logits, states, set_ids, excluded, top_k=top_k):
+                return [
+                    layer.candidates(
+                        logits, states, step, top_k=top_k, eligibility=(set_ids, excluded)
+                    )  # fmt: skip
+                    for layer in (with_rows, without)
+                ]
+
+            got, want = ([np.asarray(x) for x in out] for out in
+                         wrap(both)(logits, states, set_ids, excluded))  # fmt: skip
+            if top_k is None:  # uncapped rows come in token order
+                order = np.array([
+                    sorted(range(row.size), key=lambda j: (-row[j], tokens[j] % 99))
+                    for row, tokens in zip(got[0], got[1])
+                ])  # fmt: skip
+                got = [np.take_along_axis(x, order, axis=1) for x in got]
+            for a, b in zip(got, want):
+                np.testing.assert_array_equal(a, b, err_msg=mode)
