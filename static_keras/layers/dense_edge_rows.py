@@ -10,8 +10,6 @@ top-k runs over `B` values, not V, and a candidate's next state is its edge
 number (no read of the `V**d` state map). A semantic-ID set of 1e5 items
 over V = 2048, d = 2 has B of about 75.
 
-With eligibility, a slot is kept by its member range, as at a tail step.
-
 The rows cost a token per depth-d state and a pointer per code of depth
 d - 1; the layer keeps them only where they pay: `B <= WIDTH_FRACTION * V`
 (measured in docs/benchmarks.md). The arrays follow from the index's dense state map, so
