@@ -377,10 +377,11 @@ class ConstrainedDecoding(AutomatonConstraint):
         return dense_edge_rows.arrays(self.layout, arrays["dense_states"])
 
     def _reads_edge_rows(self, step: int, eligibility) -> bool:
-        # With eligibility too: the candidates' member ranges, as at a tail
-        # step, give the same keep mask as the mask rows' set words.
+        # Requests with eligibility read the mask rows (their set words
+        # and exclusions are per mask word); the results are the same.
         return (
-            step == self.layout.dense_levels - 1
+            eligibility is None
+            and step == self.layout.dense_levels - 1
             and dense_edge_rows.POINTERS in self.derived_index_weights
         )
 
@@ -400,26 +401,8 @@ class ConstrainedDecoding(AutomatonConstraint):
         edges = ops.where(ok, ops.expand_dims(start, 1) + slot, 0)
         tokens = gather.take(self.derived_index_weights[dense_edge_rows.TOKENS], edges)
         tokens = ops.cast(tokens, "int32")
-        next_states = edges + layout.dense_head_states  # depth-d tail state = edge
-        if eligibility is not None:
-            # A row's slots are consecutive depth-d states from its start:
-            # K + 1 member starts bound their ranges (as `_sparse_keep`).
-            width = layout.step_widths[step]
-            bounds = ops.expand_dims(start, 1) + ops.arange(width + 1, dtype="int32")
-            bounds = (
-                ops.minimum(bounds, layout.level_sizes[step + 1]) + layout.depth_starts[step + 1]
-            )
-            bounds = eligibility_step.tree_member_starts(
-                layout, self.index_weights["indptr"], bounds, step + 1
-            )
-            keep = eligibility_step.keep_mask_between(
-                self.eligibility_weights["eligibility_words"],
-                self.eligibility_weights["eligibility_directory"],
-                eligibility,
-                bounds,
-            )
-            ok = ops.logical_and(ok, keep)
         scores = ops.where(ok, gather.take_along_rows(logits, tokens), -np.inf)
+        next_states = edges + layout.dense_head_states  # depth-d tail state = edge
         if k < ops.shape(edges)[1]:
             return self._best_slots(scores, tokens, next_states, k)
         return scores, tokens, next_states, ok
