@@ -645,7 +645,12 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         """VNTK: the `B_t` edge slots from each row's CSR start, `[R, B_t]`:
         clamped (always in range) edge numbers and whether each is real."""
         start, count = self._rows(states, step)
-        slot = ops.arange(self._sparse_width(step), dtype="int32")
+        return self._row_slots(start, count, self._sparse_width(step))
+
+    @staticmethod
+    def _row_slots(start, count, width: int):
+        """`(edges, ok)` `[R, width]` of rows `[start, start + count)`."""
+        slot = ops.arange(width, dtype="int32")
         ok = ops.less(slot, ops.expand_dims(count, 1))
         edges = ops.where(ok, ops.expand_dims(start, 1) + slot, 0)
         return edges, ok

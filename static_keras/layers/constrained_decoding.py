@@ -396,9 +396,7 @@ class ConstrainedDecoding(AutomatonConstraint):
         pointers = self.derived_index_weights[dense_edge_rows.POINTERS]
         start = gather.take(pointers, codes)
         count = ops.where(valid, gather.take(pointers, codes + 1) - start, 0)
-        slot = ops.arange(layout.step_widths[step], dtype="int32")
-        ok = ops.less(slot, ops.expand_dims(count, 1))
-        edges = ops.where(ok, ops.expand_dims(start, 1) + slot, 0)
+        edges, ok = self._row_slots(start, count, layout.step_widths[step])
         tokens = gather.take(self.derived_index_weights[dense_edge_rows.TOKENS], edges)
         tokens = ops.cast(tokens, "int32")
         scores = ops.where(ok, gather.take_along_rows(logits, tokens), -np.inf)

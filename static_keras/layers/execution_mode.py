@@ -38,11 +38,12 @@ def computed_once(x):
 
     XLA fuses a cheap producer into each consumer, once per consumer
     element: a derived eligibility word's ~100 bit ops into the unpack of
-    its 32 flags (+16 ms at `[2560, 64]`), a beam's state (a chain of small
-    gathers) into every slot of the next step's row reads. XLA's CPU
-    pipeline drops optimization barriers before fusion, so `x` passes
-    through a scatter instead (a fusion root; an identity `segment_sum`).
-    Where TF runs op by op, and on torch, `x` itself.
+    its 32 flags (+16 ms at `[2560, 64]`). XLA's CPU pipeline drops
+    optimization barriers before fusion, so `x` passes through a scatter
+    instead (a fusion root; an identity `segment_sum`, +0.3 ms there). Not
+    worth it for small producers: on a beam search's `[R]` states it cost
+    more than the recomputation it saves. Where TF runs op by op, and on
+    torch, `x` itself.
     """
     if xla_compiled():
         flat = ops.reshape(x, (-1,))
