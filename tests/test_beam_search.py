@@ -179,6 +179,48 @@ def test_first_step_calls_the_decoder_on_one_row_per_batch_row():
         )  # fmt: skip
 
 
+@pytest.mark.parametrize("dense_levels", [0, 2])
+def test_beam_one_is_greedy_over_the_allowed_tokens(dense_levels):
+    """With beam 1 no row ever moves (the search skips the parent gathers):
+    each batch row, with its own state, must pick its best allowed token at
+    every step, and a state that records the tokens must equal the prefix."""
+    seqs = np.random.default_rng(6).integers(0, 7, (300, 4))
+    index = StaticIndex.build(seqs, 7, dense_levels=dense_levels)
+    layer = constraint_for(index)  # weights made outside the compiled functions
+    table = _table(7, seed=5)
+    rows = np.array([2, 5, 8, 3], "int32")
+    weights = np.array([3, 5, 7, 11])
+    mismatches = []
+
+    def step_fn(prefix, state):
+        row, history = state
+        t = prefix.shape[1]
+        if t:  # the tokens the state recorded, one row per beam, are the prefix
+            mismatches.append(ops.sum(ops.cast(history[:, : t - 1] != prefix[:, :-1], "int32")))
+            history = ops.slice_update(history, (0, t - 1), prefix[:, t - 1 :])
+        code = ops.sum(prefix * weights[:t], axis=1) + row * 13 if t else row * 13
+        return ops.take(ops.convert_to_tensor(table), code % 97, axis=0), (row, history)
+
+    def search():
+        state = (ops.convert_to_tensor(rows), ops.zeros((4, 4), "int32"))
+        out = beam_search(layer, step_fn, batch_size=4, beam_size=1, initial_state=state)
+        return out["tokens"][:, 0], out["scores"][:, 0], ops.stack(mismatches[-3:])
+
+    for mode, wrap in _modes():
+        tokens, scores, wrong = (np.asarray(x) for x in wrap(search)())
+        assert not wrong.any(), mode
+        for b, row in enumerate(rows):
+            prefix, total = np.zeros(0, int), 0.0
+            for t in range(4):
+                allowed = np.unique(seqs[(seqs[:, :t] == prefix).all(1), t])
+                logits = table[(np.sum(prefix * weights[:t]) + row * 13) % 97]
+                log_probs = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+                best = allowed[np.argmax(logits[allowed])]
+                prefix, total = np.append(prefix, best), total + log_probs[best]
+            np.testing.assert_array_equal(tokens[b], prefix, err_msg=mode)
+            np.testing.assert_allclose(scores[b], total, rtol=1e-5, err_msg=mode)
+
+
 def _cached_setup(seed=0, vocab=12, length=4, n=400):
     rng = np.random.default_rng(seed)
     seqs = rng.integers(0, vocab, size=(n, length))

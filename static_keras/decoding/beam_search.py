@@ -182,6 +182,7 @@ def beam_search(
     finished = ops.zeros((rows,), dtype="bool")
 
     batch_index = ops.expand_dims(ops.arange(batch_size, dtype="int32"), 1)
+    first_step_parent = ops.repeat(ops.arange(batch_size, dtype="int32"), beam_size)
     for step in range(length):
         logits, state = step_fn(prefix, state)
         if step == 0:
@@ -241,35 +242,46 @@ def beam_search(
             # [B, M]; rows of every (beam, token) are long: two stages
             beam_scores, choice = two_stage_top_k.top_k(total, beam_size)
         choice = ops.minimum(choice, beams * width - 1)  # padding: dead
-        beam = choice // width  # [B, M]: the parent beam within its batch row
-        parent = ops.reshape(batch_index * beams + beam, (-1,))  # [R]: rows of this step
+        if beams == 1:
+            # One candidate row per batch row (the first step, or beam 1):
+            # every survivor's parent is its batch row's row, known before
+            # ranking, and with beam 1 no row moves at all.
+            column = choice
+            parent = None if beam_size == 1 else first_step_parent
+        else:
+            beam = choice // width  # [B, M]: the parent beam within its batch row
+            column = choice - beam * width
+            parent = ops.reshape(batch_index * beams + beam, (-1,))  # [R]: rows of this step
+
+        def parents_of(x):  # each new beam's parent row of `x`
+            return x if parent is None else gather.take(x, parent)
+
         live = ops.reshape(ops.greater(beam_scores, -np.inf), (-1,))
         beam_scores = ops.reshape(beam_scores, (-1,))
         if tokens is None:  # ranked the whole vocabulary: the column is the token
-            token = ops.reshape(choice - beam * width, (-1,))
+            token = ops.reshape(column, (-1,))
             if constraint is None:
                 next_state = ops.zeros_like(token)
             else:
-                parent_states = gather.take(row_states, parent)
-                next_state = constraint.advance(parent_states, token, step)
+                next_state = constraint.advance(parents_of(row_states), token, step)
         else:
             flat_choice = ops.reshape(batch_index * (beams * width) + choice, (-1,))
             token = gather.take(ops.reshape(tokens, (-1,)), flat_choice)
             if next_states is None:  # dead rows' padding tokens advance to -1
-                next_state = constraint.advance(gather.take(row_states, parent), token, step)
+                next_state = constraint.advance(parents_of(row_states), token, step)
             else:
                 next_state = gather.take(ops.reshape(next_states, (-1,)), flat_choice)
         token = ops.where(live, token, PAD_TOKEN)
         beam_states = ops.where(live, next_state, INVALID_STATE)
-        prefix = ops.concatenate([gather.take(prefix, parent), ops.expand_dims(token, 1)], axis=1)
+        prefix = ops.concatenate([parents_of(prefix), ops.expand_dims(token, 1)], axis=1)
         if eos is not None:
-            ended = ops.logical_or(gather.take(finished, parent), ops.equal(token, eos))
+            ended = ops.logical_or(parents_of(finished), ops.equal(token, eos))
             finished = ops.logical_and(live, ended)
             if distinct_items:
                 repeat = _repeated_finished(beam_states, finished, beam_size)
                 beam_scores = ops.where(repeat, -np.inf, beam_scores)
                 finished = ops.logical_and(finished, ops.logical_not(repeat))
-        if step + 1 < length and state is not None:
+        if step + 1 < length and state is not None and parent is not None:
             state = keras.tree.map_structure(lambda x: ops.take(x, parent, axis=0), state)
 
     if eos is not None:
