@@ -292,14 +292,12 @@ class ConstrainedDecoding(AutomatonConstraint):
 
     def _dense_contains(self, states, tokens, step):
         """Reads one bit per row (not the whole mask row)."""
-        layout = self.layout
         if step is None:
             valid = self._in_dense_head(states)
         else:
             valid = ops.greater(states, INVALID_STATE)
-        masks = ops.reshape(self.index_weights["dense_masks"], (-1,))
-        at = ops.where(valid, states, 0) * layout.mask_words + ops.right_shift(tokens, 5)
-        words = gather.take(masks, at)
+        masks = self.index_weights["dense_masks"]
+        words = gather.take_cells(masks, ops.where(valid, states, 0), ops.right_shift(tokens, 5))
         bits = ops.bitwise_and(ops.right_shift(words, ops.bitwise_and(tokens, 31)), 1)
         return ops.logical_and(valid, ops.equal(bits, 1))
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from static_keras.layers import execution_mode
+
 
 def take(x, indices):
     """`x[indices]` along axis 0; every index must lie in `[0, x.shape[0])`."""
@@ -47,3 +49,30 @@ def take_along_rows(x, indices):
 
         return jnp.take_along_axis(x, indices, axis=1, mode="promise_in_bounds")
     return ops.take_along_axis(x, indices, axis=1)
+
+
+def take_cells(x, rows, columns):
+    """`x[rows, columns]` of a 2-D `x`, elementwise over `rows` and `columns`
+    (which broadcast against each other; every index in range).
+
+    Compiled by XLA this is a gather from `x` itself. Flattening `x` first
+    (a reshape, a shape-changing bitcast in HLO) makes XLA:CPU's cost model
+    count every byte of `x` as read by the fusion that holds the gather:
+    the 2049 x 64 mask words are 513 KiB, over its 512 KiB bar, and each
+    such fusion (a decode has ~7 at 1 x 1, a few elements each) was split
+    over two threads, about 25 us of hand-off for a 1 us loop. Op by op the
+    flat gather is one kernel where `gather_nd` is two.
+    """
+    if isinstance(x, keras.Variable):
+        x = x.value
+    backend = keras.config.backend()
+    if backend == "jax":
+        return x.at[rows, columns].get(mode="promise_in_bounds")
+    if backend == "tensorflow" and execution_mode.xla_compiled():
+        import tensorflow as tf
+
+        x = tf.convert_to_tensor(x)  # a read: XLA has no `ResourceGatherNd`
+        shape = tf.broadcast_dynamic_shape(tf.shape(rows), tf.shape(columns))
+        cells = tf.stack([tf.broadcast_to(rows, shape), tf.broadcast_to(columns, shape)], -1)
+        return tf.gather_nd(x, cells)
+    return take(ops.reshape(x, (-1,)), rows * ops.shape(x)[1] + columns)

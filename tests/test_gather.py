@@ -1,0 +1,75 @@
+"""The in-range gathers (`layers/gather.py`) against NumPy indexing, in every
+execution mode of the test backend, and under JAX in a subprocess."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+from test_two_stage_top_k import _modes
+
+from static_keras.layers import gather
+
+
+def _check_every_gather(wrap, label):
+    rng = np.random.default_rng(0)
+    x = rng.integers(-(2**31), 2**31 - 1, (37, 9)).astype("int32")  # any bits
+    rows = rng.integers(0, 37, (5, 4)).astype("int32")
+    columns = rng.integers(0, 9, (5, 4)).astype("int32")
+    one_column = columns[:, :1]  # broadcasts against `rows`
+    variable = keras.Variable(x, trainable=False)  # a layer's index weight
+
+    def run(table):
+        return (
+            gather.take(table, rows[:, 0]),
+            gather.take_along_rows(ops.convert_to_tensor(x[:5]), columns),
+            gather.take_cells(table, rows, columns),
+            gather.take_cells(table, rows, one_column),
+            gather.take_cells(table, rows[:, 0], columns[:, 0]),
+        )
+
+    for table in (ops.convert_to_tensor(x), variable):
+        got = [np.asarray(value) for value in wrap(lambda: run(table))()]
+        want = [
+            x[rows[:, 0]],
+            np.take_along_axis(x[:5], columns, axis=1),
+            x[rows, columns],
+            x[rows, one_column],
+            x[rows[:, 0], columns[:, 0]],
+        ]
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w, err_msg=label)
+
+
+def test_gathers_equal_numpy_indexing_in_every_mode():
+    for label, wrap in _modes():
+        _check_every_gather(wrap, label)
+
+
+_JAX_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    import test_gather as t
+    from test_two_stage_top_k import _modes
+    for label, wrap in _modes():
+        t._check_every_gather(wrap, label)
+    print("jax gathers ok")
+    """
+)
+
+
+def test_gathers_under_jax():
+    pytest.importorskip("jax", reason="JAX is an optional backend (pip install .[jax])")
+    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3")
+    here = os.path.dirname(os.path.abspath(__file__))
+    done = subprocess.run(
+        [sys.executable, "-c", _JAX_SCRIPT, here], capture_output=True, text=True, env=env,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "jax gathers ok" in done.stdout
