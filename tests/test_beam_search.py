@@ -201,15 +201,15 @@ def test_beam_one_is_greedy_over_the_allowed_tokens(dense_levels):
         code = ops.sum(prefix * weights[:t], axis=1) + row * 13 if t else row * 13
         return ops.take(ops.convert_to_tensor(table), code % 97, axis=0), (row, history)
 
-    def search():
-        state = (ops.convert_to_tensor(rows), ops.zeros((4, 4), "int32"))
-        out = beam_search(layer, step_fn, batch_size=4, beam_size=1, initial_state=state)
+    def search(batch):  # batch 1: one row, which XLA reads as runs (`gather.take_runs`)
+        state = (ops.convert_to_tensor(rows[:batch]), ops.zeros((batch, 4), "int32"))
+        out = beam_search(layer, step_fn, batch_size=batch, beam_size=1, initial_state=state)
         return out["tokens"][:, 0], out["scores"][:, 0], ops.stack(mismatches[-3:])
 
-    for mode, wrap in _modes():
-        tokens, scores, wrong = (np.asarray(x) for x in wrap(search)())
+    for (mode, wrap), batch in itertools.product(_modes(), (4, 1)):
+        tokens, scores, wrong = (np.asarray(x) for x in wrap(lambda: search(batch))())
         assert not wrong.any(), mode
-        for b, row in enumerate(rows):
+        for b, row in enumerate(rows[:batch]):
             prefix, total = np.zeros(0, int), 0.0
             for t in range(4):
                 allowed = np.unique(seqs[(seqs[:, :t] == prefix).all(1), t])

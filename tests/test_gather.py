@@ -1,4 +1,4 @@
-"""The in-range gathers (`layers/gather.py`) against NumPy indexing, in every
+"""The in-range gathers and runs (`layers/gather.py`) against NumPy indexing, in every
 execution mode of the test backend, and under JAX in a subprocess."""
 
 import os
@@ -21,7 +21,7 @@ def _check_every_gather(wrap, label):
     rows = rng.integers(0, 37, (5, 4)).astype("int32")
     columns = rng.integers(0, 9, (5, 4)).astype("int32")
     one_column = columns[:, :1]  # broadcasts against `rows`
-    variable = keras.Variable(x, trainable=False)  # a layer's index weight
+    variable = keras.Variable(x.reshape(-1), trainable=False)  # a layer's index weight
 
     def run(table):
         return (
@@ -32,7 +32,21 @@ def _check_every_gather(wrap, label):
             gather.take_cells(table, rows[:, 0], columns[:, 0]),
         )
 
-    for table in (ops.convert_to_tensor(x), variable):
+    # Runs of 6 edges from each row's start; slots past a row's `count` are
+    # 0 (as `_row_slots` makes them) and may read anything.
+    flat = x.reshape(-1)
+    for rows_, width in ((1, 6), (3, 6), (1, 400)):  # 400 > x.size: the gather path
+        starts = rng.integers(-3, flat.size + 3, rows_).astype("int32")
+        starts[0] = flat.size - 2  # a run that would pass the end
+        count = np.clip(flat.size - starts, 0, width)
+        count[starts < 0] = 0
+        slots = np.arange(width)
+        keep = slots[None, :] < count[:, None]
+        edges = np.where(keep, starts[:, None] + slots, 0).astype("int32")
+        got = np.asarray(wrap(lambda: gather.take_runs(variable, edges, starts))())
+        assert got.shape == edges.shape, label
+        np.testing.assert_array_equal(got[keep], flat[edges][keep], err_msg=label)
+    for table in (ops.convert_to_tensor(x), keras.Variable(x, trainable=False)):
         got = [np.asarray(value) for value in wrap(lambda: run(table))()]
         want = [
             x[rows[:, 0]],

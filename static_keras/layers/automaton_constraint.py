@@ -656,8 +656,9 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         return edges, ok
 
     def _sparse_candidates(self, logits, states, step, k: int, eligibility=None):
-        edges, ok = self._sparse_slots(states, step)
-        tokens = ops.cast(gather.take(self.index_weights["tokens"], edges), "int32")
+        start, count = self._rows(states, step)
+        edges, ok = self._row_slots(start, count, self._sparse_width(step))
+        tokens = ops.cast(gather.take_runs(self.index_weights["tokens"], edges, start), "int32")
         scores = ops.where(ok, gather.take_along_rows(logits, tokens), -np.inf)
         next_states = self._edge_targets(edges)
         if eligibility is not None and not (eligibility.entered and self._same_members(step)):

@@ -395,7 +395,7 @@ class ConstrainedDecoding(AutomatonConstraint):
         start = gather.take(pointers, codes)
         count = ops.where(valid, gather.take(pointers, codes + 1) - start, 0)
         edges, ok = self._row_slots(start, count, layout.step_widths[step])
-        tokens = gather.take(self.derived_index_weights[dense_edge_rows.TOKENS], edges)
+        tokens = gather.take_runs(self.derived_index_weights[dense_edge_rows.TOKENS], edges, start)
         tokens = ops.cast(tokens, "int32")
         scores = ops.where(ok, gather.take_along_rows(logits, tokens), -np.inf)
         next_states = edges + layout.dense_head_states  # depth-d tail state = edge

@@ -76,3 +76,28 @@ def take_cells(x, rows, columns):
         cells = tf.stack([tf.broadcast_to(rows, shape), tf.broadcast_to(columns, shape)], -1)
         return tf.gather_nd(x, cells)
     return take(ops.reshape(x, (-1,)), rows * ops.shape(x)[1] + columns)
+
+
+def take_runs(x, edges, start):
+    """`x[edges]` of a 1-D `x`, for `[R, W]` in-range `edges` that run on from
+    each row's `start` (`[R]`) where they matter: `edges[r, j] = start[r] + j`
+    for the slots a caller keeps (the others, which it masks, may read other
+    entries of `x`).
+
+    Compiled by XLA with one row (batch 1 x beam 1), the run is read as one
+    `dynamic-slice` of `x` and a gather from those `W` entries. A gather
+    straight from `x` is, to XLA:CPU's cost model, a read of all of `x` (the
+    token array is MBs), which splits its fusion over two threads: ~25-50 us
+    of hand-off for a loop of a few elements, twice a step at 1 x 1. With
+    more rows, or `x` shorter than `W`, and op by op: `take(x, edges)`.
+    """
+    if isinstance(x, keras.Variable):
+        x = x.value
+    size, rows, width = x.shape[0], edges.shape[0], edges.shape[1]
+    if rows == 1 and size is not None and size >= width and execution_mode.xla_compiled():
+        first = ops.clip(start[0], 0, size - width)  # the run always fits in `x`
+        window = ops.slice(x, ops.expand_dims(first, 0), (width,))
+        slots = ops.arange(width, dtype="int32")
+        at = ops.minimum(ops.clip(start[0] - first, 0, width - 1) + slots, width - 1)
+        return ops.expand_dims(take(window, at), 0)
+    return take(x, edges)
