@@ -201,7 +201,7 @@ def test_beam_one_is_greedy_over_the_allowed_tokens(dense_levels):
         code = ops.sum(prefix * weights[:t], axis=1) + row * 13 if t else row * 13
         return ops.take(ops.convert_to_tensor(table), code % 97, axis=0), (row, history)
 
-    def search(batch):  # batch 1: one row, which XLA reads as runs (`gather.take_runs`)
+    def search(batch):  # batch 1: one row, which JAX reads as runs (`gather.take_runs`)
         state = (ops.convert_to_tensor(rows[:batch]), ops.zeros((batch, 4), "int32"))
         out = beam_search(layer, step_fn, batch_size=batch, beam_size=1, initial_state=state)
         return out["tokens"][:, 0], out["scores"][:, 0], ops.stack(mismatches[-3:])

@@ -84,17 +84,21 @@ def take_runs(x, edges, start):
     for the slots a caller keeps (the others, which it masks, may read other
     entries of `x`).
 
-    Compiled by XLA with one row (batch 1 x beam 1), the run is read as one
+    Under JAX with one row (batch 1 x beam 1), the run is read as one
     `dynamic-slice` of `x` and a gather from those `W` entries. A gather
     straight from `x` is, to XLA:CPU's cost model, a read of all of `x` (the
     token array is MBs), which splits its fusion over two threads: ~25-50 us
-    of hand-off for a loop of a few elements, twice a step at 1 x 1. With
-    more rows, or `x` shorter than `W`, and op by op: `take(x, edges)`.
+    of hand-off for a loop of a few elements, twice a step at 1 x 1.
+    TensorFlow keeps the gather: under `jit_compile` the slice made each
+    1 x 1 decode ~3 ms slower outside the compiled program (its XLA work was
+    unchanged; the launch around it grew, as if copying the index
+    variables), and op by op a gather is one kernel. So are more rows, and
+    `x` shorter than `W`: `take(x, edges)`.
     """
     if isinstance(x, keras.Variable):
         x = x.value
     size, rows, width = x.shape[0], edges.shape[0], edges.shape[1]
-    if rows == 1 and size is not None and size >= width and execution_mode.xla_compiled():
+    if rows == 1 and size is not None and size >= width and keras.config.backend() == "jax":
         first = ops.clip(start[0], 0, size - width)  # the run always fits in `x`
         window = ops.slice(x, ops.expand_dims(first, 0), (width,))
         slots = ops.arange(width, dtype="int32")
