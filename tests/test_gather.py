@@ -30,6 +30,7 @@ def _check_every_gather(wrap, label):
             gather.take_cells(table, rows, columns),
             gather.take_cells(table, rows, one_column),
             gather.take_cells(table, rows[:, 0], columns[:, 0]),
+            gather.take_cells(ops.reshape(table, (37, 3, 3)), rows, columns % 3),  # rows of 3
         )
 
     # Runs of 6 edges from each row's start; slots past a row's `count` are
@@ -54,6 +55,7 @@ def _check_every_gather(wrap, label):
             x[rows, columns],
             x[rows, one_column],
             x[rows[:, 0], columns[:, 0]],
+            x.reshape(37, 3, 3)[rows, columns % 3],
         ]
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w, err_msg=label)

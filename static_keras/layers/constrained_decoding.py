@@ -235,10 +235,10 @@ class ConstrainedDecoding(AutomatonConstraint):
         row's set: read at a stored depth, derived at the others."""
         layout, windows = self.layout, self.eligibility_windows
         rows = derived_dense_masks.stored_rows(layout.vocab_size, windows)
-        masks = ops.reshape(self.eligibility_weights["eligibility_dense"], (-1, layout.mask_words))
+        masks = self.eligibility_weights["eligibility_dense"]  # [sets, rows, words]
 
         def stored(at):
-            return gather.take(masks, set_rows * rows + at)
+            return gather.take_cells(masks, set_rows, at)
 
         if step is not None:
             if not windows[step]:

@@ -52,8 +52,10 @@ def take_along_rows(x, indices):
 
 
 def take_cells(x, rows, columns):
-    """`x[rows, columns]` of a 2-D `x`, elementwise over `rows` and `columns`
-    (which broadcast against each other; every index in range).
+    """`x[rows, columns]`: the cells of `x`'s first two axes, elementwise over
+    `rows` and `columns` (which broadcast against each other; every index in
+    range); any further axes of `x` come along (`x` `[A, B, W]` gives rows
+    of `W`).
 
     Compiled by XLA this is a gather from `x` itself. Flattening `x` first
     (a reshape, a shape-changing bitcast in HLO) makes XLA:CPU's cost model
@@ -75,7 +77,8 @@ def take_cells(x, rows, columns):
         shape = tf.broadcast_dynamic_shape(tf.shape(rows), tf.shape(columns))
         cells = tf.stack([tf.broadcast_to(rows, shape), tf.broadcast_to(columns, shape)], -1)
         return tf.gather_nd(x, cells)
-    return take(ops.reshape(x, (-1,)), rows * ops.shape(x)[1] + columns)
+    flat = ops.reshape(x, (-1, *x.shape[2:]))
+    return take(flat, rows * ops.shape(x)[1] + columns)
 
 
 def take_runs(x, edges, start):
