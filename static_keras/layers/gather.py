@@ -95,8 +95,8 @@ def take_runs(x, edges, start):
     TensorFlow keeps the gather: under `jit_compile` the slice made each
     1 x 1 decode ~3 ms slower outside the compiled program (its XLA work was
     unchanged; the launch around it grew, as if copying the index
-    variables), and op by op a gather is one kernel. So are more rows, and
-    `x` shorter than `W`: `take(x, edges)`.
+    variables), and op by op a gather is one kernel. More rows, and `x`
+    shorter than `W`, also read `take(x, edges)`.
     """
     if isinstance(x, keras.Variable):
         x = x.value
