@@ -8,14 +8,12 @@ decode inside `ops.while_loop` (TF graph, TF XLA, JAX jit) against a NumPy
 greedy decode over the host index.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import keras
 import numpy as np
 import pytest
+from backend_subprocess import run_under
 from keras import ops
 
 from static_keras import MASKED_LOGIT
@@ -227,14 +225,7 @@ _JAX_LOOP = textwrap.dedent(
 
 def test_greedy_in_a_jax_jit_while_loop():
     pytest.importorskip("jax", reason="JAX is an optional backend (pip install .[jax])")
-    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3")
-    here = os.path.dirname(os.path.abspath(__file__))
-    done = subprocess.run(
-        [sys.executable, "-c", _JAX_LOOP, here], capture_output=True, text=True, env=env,
-        timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "jax loop ok" in done.stdout
+    run_under("jax", _JAX_LOOP, "jax loop ok")
 
 
 def test_bad_steps_and_kinds():

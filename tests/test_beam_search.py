@@ -2,13 +2,12 @@
 
 import itertools
 import os
-import subprocess
-import sys
 import textwrap
 
 import keras
 import numpy as np
 import pytest
+from backend_subprocess import run_under
 from keras import ops
 from test_two_stage_top_k import _modes
 
@@ -513,12 +512,7 @@ _JAX_SCRIPT = textwrap.dedent(
 @pytest.mark.slow  # a JAX subprocess: 20 s on 2 cores; other JAX tests stay in the default run
 def test_jax_backend():
     pytest.importorskip("jax", reason="JAX is an optional backend (pip install .[jax])")
-    env = dict(os.environ, KERAS_BACKEND="jax")
-    result = subprocess.run(
-        [sys.executable, "-c", _JAX_SCRIPT], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "jax ok" in result.stdout
+    run_under("jax", _JAX_SCRIPT, "jax ok")
 
 
 class _DenseAutomaton(DecodingConstraint):

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import doctest
 import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
+from backend_subprocess import run_under
 
 from static_keras.index import StaticIndex
 from static_keras.index import eligibility
@@ -499,11 +498,4 @@ def test_kernels_match_numpy_in_a_tf_graph_with_xla():
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_kernels_match_numpy_on_other_backends(backend):
     pytest.importorskip(backend, reason=f"{backend} is an optional backend")
-    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
-    here = os.path.dirname(os.path.abspath(__file__))
-    done = subprocess.run(
-        [sys.executable, "-c", _KERNEL_CHECKS, here], capture_output=True, text=True, env=env,
-        timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"kernels ok {backend}" in done.stdout
+    run_under(backend, _KERNEL_CHECKS, f"kernels ok {backend}")

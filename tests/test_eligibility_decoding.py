@@ -15,13 +15,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import keras
 import numpy as np
 import pytest
+from backend_subprocess import run_under
 from keras import ops
 from test_beam_search import _exhaustive_ranking
 from test_beam_search import _prefix_logits
@@ -395,12 +394,7 @@ _JAX_SCRIPT = textwrap.dedent(
 @pytest.mark.slow  # keeps the default run under 15 minutes
 def test_jax_backend_under_jit():
     pytest.importorskip("jax", reason="JAX is an optional backend (pip install .[jax])")
-    env = dict(os.environ, KERAS_BACKEND="jax")
-    result = subprocess.run(
-        [sys.executable, "-c", _JAX_SCRIPT], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "jax ok" in result.stdout
+    run_under("jax", _JAX_SCRIPT, "jax ok")
 
 
 # Beam search ------------------------------------------------------------------

@@ -1,14 +1,12 @@
 """The in-range gathers and runs (`layers/gather.py`) against NumPy indexing, in every
 execution mode of the test backend, and under JAX in a subprocess."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import keras
 import numpy as np
 import pytest
+from backend_subprocess import run_under
 from keras import ops
 from test_two_stage_top_k import _modes
 
@@ -81,11 +79,4 @@ _JAX_SCRIPT = textwrap.dedent(
 
 def test_gathers_under_jax():
     pytest.importorskip("jax", reason="JAX is an optional backend (pip install .[jax])")
-    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3")
-    here = os.path.dirname(os.path.abspath(__file__))
-    done = subprocess.run(
-        [sys.executable, "-c", _JAX_SCRIPT, here], capture_output=True, text=True, env=env,
-        timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "jax gathers ok" in done.stdout
+    run_under("jax", _JAX_SCRIPT, "jax gathers ok")

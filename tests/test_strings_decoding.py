@@ -1,8 +1,5 @@
 """StringConstrainedDecoding, beam search, logits processor, Keras plumbing."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import keras
@@ -10,6 +7,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("tokenizers", reason="vocabularies are trained with `tokenizers` in the tests")
+from backend_subprocess import run_under
 from keras import ops
 from test_strings_fixtures import MEMBERS
 from test_strings_fixtures import Oracle
@@ -412,17 +410,7 @@ _JAX_SCRIPT = textwrap.dedent(
 
 def test_jax_backend():
     pytest.importorskip("jax", reason="JAX is an optional backend (pip install .[jax])")
-    tests = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run(
-        [sys.executable, "-c", _JAX_SCRIPT, tests],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "jax ok" in result.stdout
+    run_under("jax", _JAX_SCRIPT, "jax ok")
 
 
 def test_bitmask_of_wide_states_matches_allowed_tokens():
