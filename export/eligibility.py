@@ -69,21 +69,12 @@ def eligible_search(model):
     return found[0] if found else None
 
 
-def member_item_ids(constraint) -> np.ndarray:
-    """int64 `[num_members]`: the item id of each member of the layer's index."""
-    if not constraint.has_item_ids:
-        return np.arange(constraint.layout.num_members, dtype=np.int64)
-    arrays = constraint.index_arrays()
-    return arrays[constraint.layout.member_ids_array].astype(np.int64)
-
-
 def exclusion_tables(constraint) -> dict[str, tf.Variable]:
     """Sorted item ids and their members, as variables (never graph constants)."""
-    ids = member_item_ids(constraint)
-    order = np.argsort(ids, kind="stable")
+    ids, members = constraint.catalogue()._ascending()
     return {
-        TABLE_IDS: tf.Variable(ids[order], trainable=False, name=TABLE_IDS),
-        TABLE_MEMBERS: tf.Variable(order.astype(np.int32), trainable=False, name=TABLE_MEMBERS),
+        TABLE_IDS: tf.Variable(ids, trainable=False, name=TABLE_IDS),
+        TABLE_MEMBERS: tf.Variable(members.astype(np.int32), trainable=False, name=TABLE_MEMBERS),
     }
 
 
@@ -131,12 +122,12 @@ def check_width(name: str, tensor: tf.Tensor, most: int) -> tf.Tensor:
 def signature_metadata(search, variable_keys: Mapping[str, str]) -> dict:
     """What `refresh_eligibility` needs to find and check the set variables."""
     constraint = search.constraint
-    catalogue = MemberCatalogue(member_item_ids(constraint), constraint.layout.num_members)
     metadata = {
         "signature": ELIGIBLE_SIGNATURE,
         "inputs": [SET_ID_INPUT, EXCLUDED_INPUT],
-        "num_members": catalogue.num_members,
-        "catalogue_fingerprint": catalogue.fingerprint,
+        "num_members": constraint.layout.num_members,
+        "has_item_ids": constraint.has_item_ids,
+        "catalogue_fingerprint": constraint.catalogue_fingerprint(),
         "variables": dict(variable_keys),
     }
     if DENSE_MASKS in variable_keys:  # derived from the sets: a refresh rewrites them too
@@ -185,9 +176,9 @@ def read_eligibility(saved_model_dir: str | os.PathLike) -> EligibilitySets:
     reader = tf.train.load_checkpoint(os.path.join(path, "variables", "variables"))
     ids = reader.get_tensor(_checkpoint_key(TABLES_ATTRIBUTE, TABLE_IDS))
     members = reader.get_tensor(_checkpoint_key(TABLES_ATTRIBUTE, TABLE_MEMBERS))
-    item_ids = np.empty(info["num_members"], np.int64)
-    item_ids[members] = ids
-    catalogue = MemberCatalogue(item_ids, info["num_members"])
+    catalogue = MemberCatalogue.from_sorted(
+        ids, members, info["num_members"], has_item_ids=info.get("has_item_ids", True)
+    )
     if catalogue.fingerprint != info["catalogue_fingerprint"]:
         raise ValueError(f"{path!r}: the exclusion table does not match its metadata")
     keys = info["variables"]

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+
 import keras
 
 from static_keras.decoding.constrained_beam_search import ConstrainedBeamSearch
 from static_keras.export.model_layers import beam_searches
 from static_keras.index.automaton import TokenAutomaton
+from static_keras.index.eligibility import EligibilitySets
+
+logger = logging.getLogger("static_keras.export")
 
 
-def replace_index(model: keras.Model, index: TokenAutomaton) -> keras.Model:
+def replace_index(
+    model: keras.Model, index: TokenAutomaton, *, eligibility: EligibilitySets | None = None
+) -> keras.Model:
     """A copy of `model` whose `ConstrainedBeamSearch` decodes over `index`.
 
     Every other layer (the decoder included) is shared with `model`, so the
@@ -19,6 +26,22 @@ def replace_index(model: keras.Model, index: TokenAutomaton) -> keras.Model:
     search keeps every setting of the old one (beam size, results, tokens
     per beam, distinct items, outputs). Publish the copy as a new version
     for a daily refresh (fresh items, stock, regions).
+
+    Eligibility sets are never dropped: when the model's constraint holds
+    sets, the copy holds them too (so its export keeps `serving_eligible`),
+    carried over to the new index by item id (`EligibilitySets.carried_over`:
+    items no longer in the catalogue drop out of every set, new items are in
+    none; the counts are logged), or the sets given as `eligibility`.
+
+    Args:
+        model: a functional Keras model holding one `ConstrainedBeamSearch`.
+        index: the new `TokenAutomaton`.
+        eligibility: `EligibilitySets` over `index`, or None to carry the
+            model's sets over (ValueError, saying to pass this, where they
+            cannot be: an index without item ids). Needs a model with sets.
+
+    Returns:
+        The new model.
     """
     if not isinstance(index, TokenAutomaton):
         raise ValueError(
@@ -48,10 +71,12 @@ def replace_index(model: keras.Model, index: TokenAutomaton) -> keras.Model:
                 f"The new index does not match the model: {name} is {new_value} in the "
                 f"index and {old_value} in the model"
             )
+    sets = _sets_for_new_index(old.constraint, index, eligibility)
     config = old.get_config()
+    constraint = type(old.constraint)(index, eligibility=sets, name=old.constraint.name)
     new = ConstrainedBeamSearch(
-        index,
-        old.decoder,
+        decoder=old.decoder,
+        constraint=constraint,
         beam_size=old.beam_size,
         num_results=old.num_results,
         dense_top_k=old.dense_top_k,
@@ -62,3 +87,29 @@ def replace_index(model: keras.Model, index: TokenAutomaton) -> keras.Model:
     return keras.models.clone_model(
         model, clone_function=lambda layer: new if layer is old else layer
     )
+
+
+def _sets_for_new_index(constraint, index, eligibility) -> EligibilitySets | None:
+    """The sets the new constraint holds: given, carried over, or none."""
+    if eligibility is not None:
+        if not isinstance(eligibility, EligibilitySets):
+            raise ValueError(
+                "`eligibility` must be an EligibilitySets over the new index or None. "
+                f"Received: {type(eligibility).__name__}"
+            )
+        if not constraint.num_eligibility_sets:
+            raise ValueError(
+                "The model's constraint holds no eligibility sets; `eligibility` would add "
+                "a signature the model was not built with: build the model with them"
+            )
+        return eligibility
+    if not constraint.num_eligibility_sets:
+        return None
+    old_sets = constraint.eligibility_sets()
+    sets = old_sets.carried_over(index)
+    before, after = old_sets.sizes(), sets.sizes()
+    logger.info(
+        "eligibility sets carried over to the new index by item id: %s",
+        ", ".join(f"{name} {before[name]:,} -> {after[name]:,}" for name in sets.names),
+    )
+    return sets

@@ -220,6 +220,57 @@ class EligibilitySets:
         new_directory[row] = directory
         return type(self)(self._names, new_words, new_directory, self.catalogue)
 
+    def carried_over(self, index_or_catalogue) -> "EligibilitySets":
+        """The same sets over another index (a new catalogue), by item id.
+
+        A member of the new index is eligible in a set when its item id was
+        eligible here; items that are no longer in the catalogue drop out of
+        every set, and new items are in none (`sizes()` before and after
+        tells how many). Both indexes need real item ids: member numbers
+        alone are positions, which a new catalogue reassigns (ValueError
+        naming what to pass instead). Over the same catalogue the sets are
+        returned as they are.
+
+        Example:
+
+        >>> from static_keras.index import StaticIndex
+        >>> old = StaticIndex.build([[0, 1], [1, 0]], vocab_size=2, item_ids=[7, 8])
+        >>> sets = EligibilitySets.build(old, {"in_stock": [7, 8]})
+        >>> new = StaticIndex.build([[0, 0], [1, 1]], vocab_size=2, item_ids=[8, 9])
+        >>> sets.carried_over(new).sizes()
+        {'in_stock': 1}
+        """
+        catalogue = _catalogue(index_or_catalogue)
+        if catalogue.fingerprint == self.catalogue.fingerprint:
+            return self
+        if not (self.catalogue.has_item_ids and catalogue.has_item_ids):
+            raise ValueError(
+                "Cannot carry eligibility sets over to a new index by item id: "
+                f"{'the new index' if self.catalogue.has_item_ids else 'the sets'} "
+                "has no item ids (member numbers are positions, which a new catalogue "
+                "reassigns). Build the sets over the new index instead: "
+                "EligibilitySets.build(new_index, {name: item ids})"
+            )
+        here, there = self.catalogue.shared_members(catalogue)
+        bits = self.contains(np.arange(self.num_sets)[:, None], here[None, :])  # [S, shared]
+        packed = [_pack(there[row], catalogue.num_members) for row in bits]
+        words = np.stack([w for w, _ in packed])
+        directory = np.stack([d for _, d in packed])
+        return type(self)(self._names, words, directory, catalogue)
+
+    def require_catalogue(self, fingerprint: str, where: str) -> None:
+        """ValueError, naming both, unless these sets are over the catalogue
+        (member -> item id map) with `fingerprint`: sets over another index
+        would restrict requests to other items without a word."""
+        if self.catalogue.fingerprint != fingerprint:
+            raise ValueError(
+                f"The eligibility sets were built over another index than {where}: "
+                f"sets over catalogue {self.catalogue.fingerprint[:16]} "
+                f"({self.num_members} members), {where} over catalogue {fingerprint[:16]}. "
+                "Build them over this index (EligibilitySets.build(index, ...)) or carry "
+                "them over by item id (sets.carried_over(index))"
+            )
+
     # Queries (host side, vectorised; the oracle of the device kernels) -------
 
     def _positions(self, values, name: str, *, upper: int) -> np.ndarray:

@@ -37,28 +37,35 @@ class MemberCatalogue:
     id is `index.item_ids` of that state (a semantic-ID index built without
     item ids uses the member number itself). Lookups are a table gather when
     the ids are distinct and not much larger than the number of members
-    (the usual catalogue: 4 bytes per id), otherwise a binary search over the
-    sorted ids (an id may then name several members). Ids outside the
-    catalogue match nothing.
+    (ids 0..N-1 and the like: 4 bytes per id), otherwise a binary search of
+    the sorted queries over the sorted ids (real catalogues: sparse 64-bit
+    ids; an id may then name several members). Ids outside the catalogue
+    match nothing.
 
     Args:
-        member_item_ids: int `[num_members]` or None (identity).
+        member_item_ids: int `[num_members]` or None (identity: member m is
+            item m; `arange(num_members)` is the same catalogue).
         num_members: int.
     """
 
     def __init__(self, member_item_ids, num_members: int):
         self.num_members = int(num_members)
-        self._identity = member_item_ids is None
         self._table = self._sorted_ids = self._sorted_members = None
         self._fingerprint = None
         self._ids = None
-        if self._identity:
+        self._distinct = True
+        self._has_item_ids = member_item_ids is not None
+        if member_item_ids is None:
+            self._identity = True
             return
         ids = _item_id_array(member_item_ids, "member_item_ids")
         if ids.shape != (self.num_members,):
             raise ValueError(
                 f"`member_item_ids` must have shape ({self.num_members},). Received {ids.shape}"
             )
+        self._identity = _is_identity(ids)
+        if self._identity:
+            return
         self._ids = ids
         largest = int(ids.max()) if ids.size else -1
         if ids.size and ids.min() >= 0 and largest < _DIRECT_TABLE_SLACK * ids.size + 2**16:
@@ -67,9 +74,39 @@ class MemberCatalogue:
             if np.count_nonzero(table >= 0) == ids.size:  # distinct ids
                 self._table = table
                 return
-        order = np.argsort(ids, kind="stable")
-        self._sorted_ids = ids[order]
-        self._sorted_members = order
+        self._sorted_ids, self._sorted_members = _sorted_with_members(ids)
+        self._distinct = not np.any(self._sorted_ids[1:] == self._sorted_ids[:-1])
+
+    @classmethod
+    def from_sorted(
+        cls, sorted_ids, sorted_members, num_members: int, *, has_item_ids: bool = True
+    ) -> "MemberCatalogue":
+        """The catalogue from its ids sorted ascending and the member of each
+        (a served version's exclusion table): no sort, one scatter."""
+        sorted_ids = _item_id_array(sorted_ids, "sorted_ids")
+        sorted_members = np.asarray(sorted_members, np.int64)
+        if sorted_ids.shape != (num_members,) or sorted_members.shape != (num_members,):
+            raise ValueError(
+                f"`sorted_ids` and `sorted_members` must have shape ({num_members},). "
+                f"Received {sorted_ids.shape} and {sorted_members.shape}"
+            )
+        if num_members and np.any(sorted_ids[1:] < sorted_ids[:-1]):
+            raise ValueError("`sorted_ids` must be sorted ascending")
+        ids = np.full(num_members, -1, np.int64)
+        ids[sorted_members] = sorted_ids
+        catalogue = cls.__new__(cls)
+        catalogue.num_members = int(num_members)
+        catalogue._table = None
+        catalogue._fingerprint = None
+        catalogue._has_item_ids = bool(has_item_ids)
+        catalogue._identity = _is_identity(ids)
+        catalogue._ids = None if catalogue._identity else ids
+        catalogue._sorted_ids = catalogue._sorted_members = None
+        catalogue._distinct = True
+        if not catalogue._identity:
+            catalogue._sorted_ids, catalogue._sorted_members = sorted_ids, sorted_members
+            catalogue._distinct = not np.any(sorted_ids[1:] == sorted_ids[:-1])
+        return catalogue
 
     @classmethod
     def from_index(cls, index) -> "MemberCatalogue":
@@ -86,6 +123,12 @@ class MemberCatalogue:
         return np.arange(self.num_members) if self._identity else self._ids
 
     @property
+    def has_item_ids(self) -> bool:
+        """Whether the ids are catalogue item ids (False: member numbers,
+        positions that a new catalogue reassigns)."""
+        return self._has_item_ids
+
+    @property
     def nbytes(self) -> int:
         """Host bytes of the lookup structure (not sent to the device)."""
         parts = (self._table, self._sorted_ids, self._sorted_members)
@@ -93,19 +136,18 @@ class MemberCatalogue:
 
     @property
     def fingerprint(self) -> str:
-        """SHA-256 of the member -> item id map: eligibility files bind to it."""
+        """SHA-256 of the member -> item id map: what eligibility sets bind
+        to (sets over another catalogue would name other items)."""
         if self._fingerprint is None:
-            digest = hashlib.sha256(f"members:{self.num_members};".encode())
-            if self._identity:
-                digest.update(b"identity")
-            else:
-                digest.update(np.ascontiguousarray(self._ids, "<i8").tobytes())
-            self._fingerprint = digest.hexdigest()
+            self._fingerprint = catalogue_fingerprint(
+                None if self._identity else self._ids, self.num_members
+            )
         return self._fingerprint
 
     def lookup(self, item_ids) -> tuple[np.ndarray, np.ndarray]:
         """`(query, member)` int64: every member of every id (query = position
-        in the flattened `item_ids`); ids outside the catalogue give nothing."""
+        in the flattened `item_ids`, ascending); ids outside the catalogue
+        give nothing."""
         ids = _item_id_array(item_ids, "item_ids").reshape(-1)
         if self._identity:
             query = np.flatnonzero((ids >= 0) & (ids < self.num_members))
@@ -116,13 +158,14 @@ class MemberCatalogue:
             member[inside] = self._table[ids[inside]]
             query = np.flatnonzero(member >= 0)
             return query, member[query]
-        left = np.searchsorted(self._sorted_ids, ids, side="left")
-        right = np.searchsorted(self._sorted_ids, ids, side="right")
-        counts = right - left
-        query = np.repeat(np.arange(ids.size, dtype=np.int64), counts)
-        first = np.cumsum(counts) - counts
-        position = np.arange(query.size, dtype=np.int64) - np.repeat(first - left, counts)
-        return query, self._sorted_members[position]
+        # Sorted queries walk the sorted ids in one direction: a binary
+        # search of unsorted ones misses the cache at every level (at 10^7
+        # sparse ids: 17 s unsorted, under 1 s sorted).
+        order = np.argsort(ids, kind="stable")
+        query, member = self._sorted_lookup(ids[order])
+        query = order[query]
+        ranked = np.argsort(query, kind="stable")
+        return query[ranked], member[ranked]
 
     def members(self, item_ids) -> np.ndarray:
         """int: the members of `item_ids` (unsorted, may repeat)."""
@@ -130,14 +173,56 @@ class MemberCatalogue:
         return members[members >= 0]
 
     def _members_or_absent(self, item_ids) -> np.ndarray:
-        """Members of `item_ids`, with -1 for ids outside the catalogue where
-        that saves a pass (the refresh path: one gather when every id is
-        inside the table)."""
+        """Members of `item_ids` in no particular order, with -1 for ids
+        outside the catalogue where that saves a pass (the set build and
+        refresh path: a table gather, or a sort of the ids and one search)."""
+        ids = _item_id_array(item_ids, "item_ids").reshape(-1)
         if self._table is not None:
-            ids = _item_id_array(item_ids, "item_ids").reshape(-1)
             if ids.size and ids.min() >= 0 and ids.max() < self._table.size:
                 return np.take(self._table, ids)
-        return self.lookup(item_ids)[1]
+            return self.lookup(ids)[1]
+        if self._identity:
+            return self.lookup(ids)[1]
+        return self._sorted_lookup(np.sort(ids))[1]
+
+    def shared_members(self, other: "MemberCatalogue") -> tuple[np.ndarray, np.ndarray]:
+        """`(member here, member in other)` int64 for every item id the two
+        catalogues share (an index swap carries eligibility over by these
+        pairs): one pass of this catalogue's ids, ascending, over the other."""
+        ids, members = self._ascending()
+        query, theirs = other._lookup_ascending(ids)
+        return members[query], theirs
+
+    def _ascending(self) -> tuple[np.ndarray, np.ndarray]:
+        """`(item ids ascending, member of each)`."""
+        if self._identity:
+            every = np.arange(self.num_members, dtype=np.int64)
+            return every, every
+        if self._table is not None:
+            ids = np.flatnonzero(self._table >= 0)
+            return ids, self._table[ids].astype(np.int64)
+        return self._sorted_ids, self._sorted_members
+
+    def _lookup_ascending(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`lookup` of ids known to be ascending (no sort)."""
+        if self._sorted_ids is None:
+            return self.lookup(ids)
+        return self._sorted_lookup(ids)
+
+    def _sorted_lookup(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`lookup` of ascending `ids` over the sorted catalogue."""
+        last = self._sorted_ids.size - 1
+        left = np.searchsorted(self._sorted_ids, ids, side="left")
+        if self._distinct:
+            found = self._sorted_ids[np.minimum(left, last)] == ids
+            query = np.flatnonzero(found)
+            return query, self._sorted_members[left[query]]
+        right = np.searchsorted(self._sorted_ids, ids, side="right")
+        counts = right - left
+        query = np.repeat(np.arange(ids.size, dtype=np.int64), counts)
+        first = np.cumsum(counts) - counts
+        position = np.arange(query.size, dtype=np.int64) - np.repeat(first - left, counts)
+        return query, self._sorted_members[position]
 
     def exclusion_members(self, excluded_item_ids, width: int | None = None) -> np.ndarray:
         """int32 `[R, width]`: each row's excluded items as sorted, distinct
@@ -178,3 +263,39 @@ class MemberCatalogue:
             )
         out[row, slot] = member
         return out
+
+
+def _is_identity(ids: np.ndarray) -> bool:
+    """Whether member m is item m for every m (one catalogue, one fingerprint)."""
+    return bool(ids.size == 0 or (ids[0] == 0 and ids[-1] == ids.size - 1
+                                  and np.array_equal(ids, np.arange(ids.size))))  # fmt: skip
+
+
+def _sorted_with_members(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`(ids ascending, member of each)`, ties by member. Where the id span
+    leaves room, id and member share one int64 key and one vectorised sort
+    does it (about 10x a stable argsort at 2 x 10^7)."""
+    bits = max(int(ids.size - 1).bit_length(), 1)
+    low = int(ids.min())
+    if int(ids.max()) - low < 2 ** (62 - bits):
+        keys = (ids - low) << bits
+        keys |= np.arange(ids.size, dtype=np.int64)
+        keys.sort()
+        members = keys & ((1 << bits) - 1)
+        keys >>= bits
+        keys += low
+        return keys, members
+    order = np.argsort(ids, kind="stable")
+    return ids[order], order
+
+
+def catalogue_fingerprint(member_item_ids, num_members: int) -> str:
+    """SHA-256 of a member -> item id map (None or `arange`: the identity),
+    without building the lookup structure."""
+    digest = hashlib.sha256(f"members:{int(num_members)};".encode())
+    ids = None if member_item_ids is None else _item_id_array(member_item_ids, "member_item_ids")
+    if ids is None or _is_identity(ids):
+        digest.update(b"identity")
+    else:
+        digest.update(np.ascontiguousarray(ids, "<i8").data)
+    return digest.hexdigest()

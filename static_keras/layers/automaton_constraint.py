@@ -37,6 +37,8 @@ from static_keras.index.automaton import TokenAutomaton
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.eligibility import directory_size
 from static_keras.index.eligibility import words_per_set
+from static_keras.index.member_catalogue import MemberCatalogue
+from static_keras.index.member_catalogue import catalogue_fingerprint
 from static_keras.layers import eligibility_step
 from static_keras.layers import gather
 from static_keras.layers.decoding_constraint import DecodingConstraint
@@ -280,6 +282,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
                 f"This layer holds {self.num_eligibility_sets} eligibility sets. "
                 f"Received {eligibility_sets.num_sets}"
             )
+        eligibility_sets.require_catalogue(self.catalogue_fingerprint(), "this layer's index")
         names = tuple(eligibility_sets.names)
         if self.eligibility_names is not None and names != tuple(self.eligibility_names):
             raise ValueError(
@@ -291,6 +294,40 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         for name, array in arrays.items():
             self.eligibility_weights[name].assign(array)
         self.eligibility_names = names
+
+    def member_item_ids(self) -> np.ndarray:
+        """int64 `[num_members]`: the catalogue item id of each member (the
+        member number itself for an index without item ids)."""
+        if not self.has_item_ids:
+            return np.arange(self.layout.num_members, dtype=np.int64)
+        weight = self.index_weights[self.layout.member_ids_array]
+        return np.asarray(ops.convert_to_numpy(weight)).astype(np.int64)
+
+    def catalogue(self) -> MemberCatalogue:
+        """The `MemberCatalogue` of the index this layer holds."""
+        ids = self.member_item_ids() if self.has_item_ids else None
+        return MemberCatalogue(ids, self.layout.num_members)
+
+    def catalogue_fingerprint(self) -> str:
+        """The fingerprint of this index's member -> item id map: eligibility
+        sets over another one are refused (`EligibilitySets.require_catalogue`)."""
+        ids = self.member_item_ids() if self.has_item_ids else None
+        return catalogue_fingerprint(ids, self.layout.num_members)
+
+    def eligibility_sets(self) -> EligibilitySets:
+        """The sets this layer holds, as a host `EligibilitySets` (a copy)."""
+        if not self.num_eligibility_sets:
+            raise ValueError("This layer holds no eligibility sets")
+        words, directory = (
+            np.asarray(ops.convert_to_numpy(self.eligibility_weights[name]))
+            .astype(np.int32, copy=False)
+            .view(np.uint32)
+            for name in ("eligibility_words", "eligibility_directory")
+        )
+        names = self.eligibility_names
+        if names is None:
+            names = [f"set_{i}" for i in range(self.num_eligibility_sets)]
+        return EligibilitySets(names, words, directory, self.catalogue())
 
     def member_ranges(self, states, depth: int | None = None):
         """`(lo, hi)` int32, shape of `states`: the members below each state

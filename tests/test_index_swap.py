@@ -1,0 +1,179 @@
+"""The daily index swap keeps eligibility, and sets never cross indexes.
+
+- `replace_index` on a model with eligibility sets carries them over to the
+  new index by item id (items gone from the catalogue drop out, new items
+  are in no set), so the export keeps `serving_eligible`; where that is
+  impossible (no item ids) it refuses and says what to pass instead;
+- sets built over another index (same member count, other item ids) are
+  refused by the layer, `set_eligibility` and the registry, with both
+  catalogues named;
+- the carry-over is exact against a plain Python oracle, and the sparse-id
+  catalogue lookups equal a dict.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import CONTEXT_VOCAB
+from conftest import HISTORY
+from conftest import histories
+
+from static_keras import CachedTransformerDecoder
+from static_keras import ConstrainedBeamSearch
+from static_keras import ConstrainedDecoding
+from static_keras import StaticIndex
+from static_keras.export import ELIGIBLE_SIGNATURE
+from static_keras.export import export_saved_model
+from static_keras.export import read_eligibility
+from static_keras.export import read_metadata
+from static_keras.export import replace_index
+from static_keras.index.eligibility import EligibilitySets
+from static_keras.index.member_catalogue import MemberCatalogue
+from static_keras.serving.registry import ConstraintIndexRegistry
+
+
+def _index(seed: int, item_ids, vocab: int = 16, length: int = 3) -> StaticIndex:
+    rng = np.random.default_rng(seed)
+    rows = np.unique(rng.integers(0, vocab, (len(item_ids) * 3, length)), axis=0)
+    rows = rows[rng.permutation(len(rows))[: len(item_ids)]]
+    return StaticIndex.build(rows, vocab, item_ids=np.asarray(item_ids, np.int64))
+
+
+def _model(index, sets):
+    keras.utils.set_random_seed(0)
+    decoder = CachedTransformerDecoder(
+        index.vocab_size, index.length, context_vocab_size=CONTEXT_VOCAB, hidden_dim=16
+    )
+    layer = ConstrainedDecoding(index, eligibility=sets, name="constraint")
+    search = ConstrainedBeamSearch(constraint=layer, decoder=decoder, beam_size=4)
+    history = keras.Input((HISTORY,), dtype="int32", name="history")
+    return keras.Model(history, search(history))
+
+
+def _search(model):
+    return next(layer for layer in model.layers if isinstance(layer, ConstrainedBeamSearch))
+
+
+def test_replace_index_carries_the_sets_over_by_item_id(tmp_path):
+    old_ids = 10**9 + 2 * np.random.default_rng(0).permutation(200)  # sparse catalogue ids
+    old = _index(0, old_ids)
+    in_stock, fr = old_ids[::2], old_ids[::3]
+    model = _model(old, EligibilitySets.build(old, {"in_stock": in_stock, "fr": fr}))
+    # The next day: a third of the items leave, 50 new ones arrive, every
+    # semantic ID (so every member number) moves.
+    new_ids = np.concatenate([old_ids[70:], 5 * 10**9 + np.arange(50)])
+    new = _index(1, new_ids)
+
+    swapped = replace_index(model, new)
+    sets = _search(swapped).constraint.eligibility_sets()
+    assert sets.names == ("in_stock", "fr")
+    catalogue = MemberCatalogue.from_index(new)
+    for name, eligible in (("in_stock", in_stock), ("fr", fr)):
+        # Oracle: a member of the new index is eligible iff its item id was.
+        expected = {m for m, item in enumerate(catalogue.item_ids) if item in set(eligible)}
+        got = set(np.flatnonzero(sets.contains(sets.set_id(name), np.arange(new.num_members))))
+        assert got == expected and expected
+    # The decoder is shared; the export keeps the eligible signature.
+    assert _search(swapped).decoder is _search(model).decoder
+    info = export_saved_model(swapped, tmp_path / "v2")
+    loaded = tf.saved_model.load(info.path)
+    assert ELIGIBLE_SIGNATURE in loaded.signatures
+    assert read_metadata(info.path)["eligibility_sets"] == ["in_stock", "fr"]
+    served = read_eligibility(info.path)
+    np.testing.assert_array_equal(served.words, sets.words)
+    # Results of the eligible search are members of the set, by item id.
+    out = _search(swapped)(histories(6), set_ids=np.zeros(6, "int32"))
+    found = np.asarray(out["item_ids"])
+    assert np.isin(found[found >= 0], in_stock).all()
+
+
+def test_replace_index_takes_given_sets_and_refuses_what_it_cannot_carry():
+    old = _index(0, np.arange(100) + 500)
+    model = _model(old, EligibilitySets.build(old, {"s": np.arange(500, 550)}))
+    new = _index(1, np.arange(100) + 520)
+    given = EligibilitySets.build(new, {"s": [520, 521]})
+    sets = _search(replace_index(model, new, eligibility=given)).constraint.eligibility_sets()
+    assert sets.sizes() == {"s": 2}
+    with pytest.raises(ValueError, match="another index"):
+        replace_index(model, new, eligibility=EligibilitySets.build(old, {"s": [500]}))
+
+    # Without item ids, member numbers are positions: carrying over would
+    # restrict to other items, so the swap refuses and names the remedy.
+    rows = np.random.default_rng(2).integers(0, 16, (60, 3))
+    bare_old = StaticIndex.build(rows, 16)
+    bare_model = _model(bare_old, EligibilitySets.build(bare_old, {"s": [0, 1]}))
+    bare_new = StaticIndex.build(rows[:40], 16)
+    with pytest.raises(ValueError, match=r"no item ids.*EligibilitySets.build\(new_index"):
+        replace_index(bare_model, bare_new)
+    # A model without sets gets none, and refuses sets it was not built with.
+    plain = _model(old, None)
+    assert not _search(replace_index(plain, new)).constraint.num_eligibility_sets
+    with pytest.raises(ValueError, match="holds no eligibility sets"):
+        replace_index(plain, new, eligibility=given)
+
+
+def test_sets_over_another_index_are_refused_everywhere():
+    # Same member count, other item ids: the sets' member numbers would
+    # name other items.
+    index = _index(0, np.arange(50) + 10)
+    other = _index(0, np.arange(50) + 1000)
+    foreign = EligibilitySets.build(other, {"only": [1003]})
+    with pytest.raises(ValueError, match="another index.*catalogue [0-9a-f]{16}.*catalogue"):
+        ConstrainedDecoding(index, eligibility=foreign)
+    layer = ConstrainedDecoding(index, eligibility=EligibilitySets.build(index, {"only": [13]}))
+    with pytest.raises(ValueError, match="another index"):
+        layer.set_eligibility(foreign)
+    with pytest.raises(ValueError, match="another index"):
+        ConstraintIndexRegistry().load(index, foreign)
+    # The sets of this index (or carried over to it) are taken.
+    layer.set_eligibility(foreign.carried_over(index))
+    assert layer.eligibility_sets().sizes() == {"only": 0}
+    layer.set_eligibility(EligibilitySets.build(index, {"only": [13, 14]}))
+    assert layer.eligibility_sets().sizes() == {"only": 2}
+
+
+@pytest.mark.parametrize("ids", ["sparse", "dense", "duplicates", "huge"])
+def test_catalogue_lookups_equal_a_dict(ids):
+    rng = np.random.default_rng(7)
+    n = 5000
+    item_ids = {
+        "sparse": 10**9 + 2 * rng.permutation(n),
+        "dense": rng.permutation(n),
+        "duplicates": rng.integers(0, n // 2, n) * 3 + 10**12,
+        "huge": rng.integers(-(2**62), 2**62, n),
+    }[ids]
+    catalogue = MemberCatalogue(item_ids, n)
+    members_of = {}
+    for member, item in enumerate(item_ids.tolist()):
+        members_of.setdefault(item, []).append(member)
+    queries = np.concatenate([rng.choice(item_ids, 3000), rng.integers(-5, 2 * n, 500)])
+    query, member = catalogue.lookup(queries)
+    expected = [(q, m) for q, item in enumerate(queries.tolist()) for m in members_of.get(item, [])]
+    assert sorted(zip(query.tolist(), member.tolist())) == sorted(expected)
+    assert np.all(np.diff(query) >= 0)
+    assert sorted(catalogue.members(queries).tolist()) == sorted(m for _, m in expected)
+    # Shared members with another catalogue: exactly the pairs with one id.
+    other_ids = np.concatenate([item_ids[::2], np.arange(100) + 7 * 10**13])
+    other = MemberCatalogue(rng.permutation(other_ids), other_ids.size)
+    here, there = catalogue.shared_members(other)
+    pairs = set(zip(here.tolist(), there.tolist()))
+    other_of = {}
+    for member, item in enumerate(other.item_ids.tolist()):
+        other_of.setdefault(item, []).append(member)
+    expected_pairs = {
+        (m, o) for m, item in enumerate(item_ids.tolist()) for o in other_of.get(item, [])
+    }
+    assert pairs == expected_pairs
+    # A served version's sorted table rebuilds the same catalogue.
+    ids, members = catalogue._ascending()
+    rebuilt = MemberCatalogue.from_sorted(ids, members, n)
+    assert rebuilt.fingerprint == catalogue.fingerprint
+    np.testing.assert_array_equal(rebuilt.item_ids, catalogue.item_ids)
+
+
+def test_an_arange_catalogue_is_the_identity():
+    assert MemberCatalogue(np.arange(9), 9).fingerprint == MemberCatalogue(None, 9).fingerprint
+    assert MemberCatalogue(np.arange(9) + 1, 9).fingerprint != MemberCatalogue(None, 9).fingerprint
