@@ -2,18 +2,124 @@
 
 User mistakes (a missing file, a wrong shape, a bad vocab size) end in one
 line on stderr and exit code 2, never a traceback.
+
+Commands print only their own lines: TensorFlow's start-up lines that are
+known to be harmless (its INFO lines, the oneDNN and CPU-feature notices, a
+failed CUDA probe on a machine without an NVIDIA driver) are hidden, and
+errors served by a model lose TensorFlow's wrapping (graph node, op name).
+`--verbose` shows all of it. Every other line, errors included, still prints.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+import textwrap
 import time
 
 
 class UserError(Exception):
     """A mistake in the command's input: reported in one line."""
+
+
+# Commands that load TensorFlow: it is imported before they run, with its
+# start-up lines filtered (`_quiet_tensorflow`).
+_TENSORFLOW_COMMANDS = ("demo", "export", "publish", "refresh-eligibility", "serve-dev", "bench")
+
+# Lines TensorFlow writes while it loads that tell a user of this command line
+# nothing: the oneDNN and CPU-feature notices, the CUDA stub's "no driver" note
+# and absl's banner before them.
+_HARMLESS_LOG_LINES = (
+    "All log messages before absl::InitializeLog() is called are written to STDERR",
+    "oneDNN custom operations are on",
+    "Could not find cuda drivers on your machine",
+    "This TensorFlow binary is optimized to use available CPU instructions",
+    "To enable the following instructions:",
+)
+
+
+def _harmless_log_line(line: str) -> bool:
+    import glob
+    import re
+
+    if re.match(r"I\d{4} ", line):  # absl INFO ("I0000 00:00:..."), below TF_CPP_MIN_LOG_LEVEL
+        return True
+    if any(text in line for text in _HARMLESS_LOG_LINES):
+        return True
+    # The CUDA probe fails on every machine without an NVIDIA driver; where a
+    # GPU device exists the same line is a real error and stays.
+    return "failed call to cuInit" in line and not glob.glob("/dev/nvidia[0-9]*")
+
+
+def _quiet_tensorflow(import_now: bool) -> None:
+    """Hides TensorFlow's start-up lines that are known to be harmless.
+
+    `TF_CPP_MIN_LOG_LEVEL=1` (unless already set) hides its INFO lines once
+    its logging is up (a `TFRecordDataset` note in the middle of the demo's
+    table, for one). Lines written while its libraries load come before
+    that and ignore the level, so with `import_now` TensorFlow is imported
+    here with stderr captured at the file descriptor, its devices are listed
+    (the CUDA probe logs then), and every captured line but the harmless
+    ones is written back.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    if not import_now or "tensorflow" in sys.modules:
+        return
+    import tempfile
+
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to capture
+        return
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow as tf
+
+            tf.config.list_physical_devices()
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            lines = captured.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not _harmless_log_line(line)))
+            sys.stderr.flush()
+
+
+def _served_error_message(text: str) -> str:
+    """An error answered by a served model, without TensorFlow's wrapping.
+
+    An error raised inside the graph (a failed assertion, an out-of-range
+    gather) reaches the client as `Graph execution error: Detected at node
+    Assert/Assert ... <stack traces unavailable> MESSAGE [[{{node
+    Assert/Assert}}]] [Op:__inference_signature_wrapper_1990]`, and a failed
+    assertion's MESSAGE as `assertion failed: [words] [value] [value]`.
+    Returns what precedes the wrapping (who failed, the status code) and
+    MESSAGE alone, as `words value, value`, on one line.
+    """
+    import re
+
+    wrapper = "Graph execution error:"
+    head, _, body = text.partition(wrapper) if wrapper in text else ("", "", text)
+    assertion = re.search(r"assertion failed: \[(.*?)\]((?: \[[^\[\]\n]*\])*) *$", body, re.M)
+    if assertion:
+        if not head:
+            head = text[: text.index("assertion failed: ")]
+        values = re.findall(r"\[([^\[\]\n]*)\]", assertion.group(2))
+        message = " ".join([assertion.group(1), ", ".join(values)]).strip()
+        message = message.replace("\\'", "'").replace('\\"', '"')
+    elif head:
+        # Drop the graph node and op names, keep the last line of the message.
+        body = re.sub(r"\[\[\{\{.*?\}\}\]\]|\[Op:[^\]\n]*\]", "", body)
+        lines = [line.strip() for line in body.splitlines() if line.strip()]
+        message = lines[-1] if lines else ""
+    else:
+        return text
+    return " ".join((head.rstrip() + " " + message).split())
 
 
 def _load_array(path: str, column: str | None = None):
@@ -157,10 +263,58 @@ def _load_index(path: str):
     """An index file of any kind (semantic IDs or a string set)."""
     from static_keras.index import archive
 
+    if os.path.isfile(path):
+        _check_is_archive(path)
     try:
         return archive.load(path)
     except (FileNotFoundError, ValueError) as error:
         raise UserError(str(error)) from None
+
+
+_BUILD_HINT = "build an index from it with `static-keras build-index`"
+
+
+def _check_is_archive(path: str) -> None:
+    """UserError naming what `path` is when it is not an .npz archive (an
+    index is one): a plain array, a Parquet or text file, a Keras model."""
+    import zipfile
+
+    import numpy as np
+
+    with open(path, "rb") as file:
+        start = file.read(4096)
+    what = None
+    if start.startswith(b"\x93NUMPY"):
+        try:
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError as error:
+            what = f"it is a .npy file NumPy cannot read ({error})"
+        else:
+            kind = "int" if array.dtype.kind in "iu" else str(array.dtype)
+            axes = {1: "[N]", 2: "[N, L]"}.get(array.ndim, str(list(array.shape)))
+            what = f"it holds one {kind} array {axes} (shape {array.shape})"
+            if array.ndim == 2 and kind == "int":
+                what += f"; {_BUILD_HINT}"
+            elif array.ndim == 1 and kind == "int":
+                what += (
+                    " (item ids?); an index is built from semantic IDs [N, L] with "
+                    "`static-keras build-index` (item ids go to its --item-ids)"
+                )
+    elif start.startswith(b"PAR1"):
+        what = f"it is a Parquet file; {_BUILD_HINT}"
+    elif start.startswith(b"PK\x03\x04"):
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+        if {"config.json", "metadata.json"} <= names:
+            what = "it is a Keras model (.keras), not an index file"
+    elif not start:
+        what = "the file is empty"
+    elif b"\0" not in start:
+        what = f"it is a text file (CSV?); {_BUILD_HINT}"
+    else:
+        what = "it is not an .npz archive (index files are written by build-index or .save)"
+    if what:
+        raise UserError(f"{path}: not a static-keras index: {what}")
 
 
 def _cmd_inspect(args) -> None:
@@ -203,10 +357,12 @@ def _load_model(path: str):
 def _model_with_index(args):
     from static_keras.export import replace_index
 
+    # The index first: a wrong --index fails in a moment, not after the model loads.
+    index = _load_index(args.index) if args.index else None
     model = _load_model(args.model)
-    if args.index:
+    if index is not None:
         try:
-            model = replace_index(model, _load_index(args.index))
+            model = replace_index(model, index)
         except ValueError as error:
             raise UserError(str(error)) from None
     return model
@@ -339,39 +495,148 @@ def _parse_input(text: str):
         ) from None
 
 
+def _rest_url(text: str) -> str:
+    """`--rest` as a base URL: `host:port` gets `http://` in front."""
+    return text if "://" in text else "http://" + text
+
+
 def _cmd_query(args) -> None:
     import numpy as np
 
-    from static_keras.serving import GrpcClient
     from static_keras.serving import RestClient
+    from static_keras.serving import ServingError
 
     inputs = dict(_parse_input(text) for text in args.input)
     if bool(args.grpc) == bool(args.rest):
         raise UserError("pass exactly one of --grpc HOST:PORT or --rest URL")
-    from static_keras.serving import ServingError
-
+    if args.grpc and "://" in args.grpc:
+        raise UserError(f"--grpc takes HOST:PORT, without a scheme; got {args.grpc!r}")
     deadline = time.monotonic() + args.wait
-    while True:
-        try:
-            if args.grpc:
-                with GrpcClient(args.grpc, timeout=args.timeout) as client:
+    with _tensorflow_protos_only() if args.grpc else contextlib.nullcontext():
+        while True:
+            try:
+                if args.grpc:
+                    outputs = _grpc_predict(args, inputs)
+                else:
+                    client = RestClient(_rest_url(args.rest), timeout=args.timeout)
                     outputs = client.predict(
                         args.model, inputs, version=args.version, label=args.label
                     )
-            else:
-                client = RestClient(args.rest, timeout=args.timeout)
-                outputs = client.predict(args.model, inputs, version=args.version, label=args.label)
-            break
-        except ServingError as error:
-            # Not up yet (connection refused, or no version loaded): retry.
-            if error.code not in ("UNAVAILABLE", "503") or time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+                break
+            except ServingError as error:
+                # Not up yet (connection refused, or no version loaded): retry.
+                if error.code not in ("UNAVAILABLE", "503") or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     if "model_version" not in outputs:
         # TF Serving's REST answer does not say which version served it.
         outputs["model_version"] = args.version or "unknown (pin --version, or use --grpc)"
     for name in sorted(outputs):
         print(f"{name}: {np.asarray(outputs[name]).tolist()}")
+
+
+def _grpc_predict(args, inputs: dict) -> dict:
+    """One Predict over gRPC, with the protos alone (no TensorFlow: see
+    `_tensorflow_protos_only`)."""
+    from static_keras.serving import GrpcClient
+
+    with GrpcClient(args.grpc, timeout=args.timeout) as client:
+        requests = {name: _tensor_proto(value) for name, value in inputs.items()}
+        response = client.predict_raw(args.model, requests, version=args.version, label=args.label)
+    outputs = {name: _ndarray(proto) for name, proto in response.outputs.items()}
+    outputs["model_version"] = int(response.model_spec.version.value)
+    return outputs
+
+
+@contextlib.contextmanager
+def _tensorflow_protos_only():
+    """While active, `tensorflow` is a bare package over its folder.
+
+    tensorflow-serving-api's protos import `tensorflow.core.framework.*_pb2`,
+    plain generated modules inside the tensorflow package, and importing any
+    of them runs `tensorflow/__init__.py`: all of TensorFlow, 3.3 s of a gRPC
+    query's 3.5 s. With the bare package only the `_pb2` modules load, and
+    `GrpcClient.predict_raw` sends prepared TensorProtos as they are. On exit
+    the bare package and the modules loaded under it leave `sys.modules`, so
+    a later `import tensorflow` loads the real one. Does nothing when
+    TensorFlow is loaded already.
+    """
+    import importlib.util
+    import types
+
+    spec = None if "tensorflow" in sys.modules else importlib.util.find_spec("tensorflow")
+    if spec is None or not spec.submodule_search_locations:
+        yield  # loaded already, or absent (then the protos' ImportError says so)
+        return
+    before = set(sys.modules)
+    stub = types.ModuleType("tensorflow")
+    stub.__path__ = list(spec.submodule_search_locations)
+    sys.modules["tensorflow"] = stub
+    try:
+        yield
+    finally:
+        for name in set(sys.modules) - before:
+            if name == "tensorflow" or name.startswith("tensorflow."):
+                del sys.modules[name]
+
+
+# TensorFlow dtype name -> (NumPy dtype, the TensorProto field of its values).
+_TENSOR_TYPES = {
+    "DT_FLOAT": ("float32", "float_val"),
+    "DT_DOUBLE": ("float64", "double_val"),
+    "DT_HALF": ("float16", "half_val"),
+    "DT_INT8": ("int8", "int_val"),
+    "DT_INT16": ("int16", "int_val"),
+    "DT_INT32": ("int32", "int_val"),
+    "DT_INT64": ("int64", "int64_val"),
+    "DT_UINT8": ("uint8", "int_val"),
+    "DT_UINT16": ("uint16", "int_val"),
+    "DT_UINT32": ("uint32", "uint32_val"),
+    "DT_UINT64": ("uint64", "uint64_val"),
+    "DT_BOOL": ("bool", "bool_val"),
+    "DT_STRING": ("object", "string_val"),
+}
+
+
+def _tensor_proto(value):
+    """A numeric NumPy array as a `TensorProto` (what `tf.make_tensor_proto` writes)."""
+    import numpy as np
+    from tensorflow.core.framework import tensor_pb2
+    from tensorflow.core.framework import types_pb2
+
+    array = np.asarray(value)
+    names = {np.dtype(dtype): name for name, (dtype, _) in _TENSOR_TYPES.items()}
+    if array.dtype not in names or array.dtype == object:
+        raise UserError(f"cannot send an array of dtype {array.dtype} over gRPC")
+    proto = tensor_pb2.TensorProto(dtype=types_pb2.DataType.Value(names[array.dtype]))
+    for size in array.shape:
+        proto.tensor_shape.dim.add(size=size)
+    proto.tensor_content = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+    return proto
+
+
+def _ndarray(proto):
+    """A `TensorProto` as a NumPy array (what `tf.make_ndarray` returns)."""
+    import numpy as np
+    from tensorflow.core.framework import types_pb2
+
+    name = types_pb2.DataType.Name(proto.dtype)
+    if name not in _TENSOR_TYPES:
+        raise UserError(f"the answer holds a tensor of dtype {name}, which query cannot print")
+    dtype, field = _TENSOR_TYPES[name]
+    shape = [dim.size for dim in proto.tensor_shape.dim]
+    if proto.tensor_content:
+        return np.frombuffer(proto.tensor_content, np.dtype(dtype).newbyteorder("<")).reshape(shape)
+    values = list(getattr(proto, field))
+    if name == "DT_HALF":  # half_val holds the float16 bit patterns
+        array = np.asarray(values, np.uint16).view(np.float16)
+    else:
+        array = np.asarray(values, dtype)
+    size = int(np.prod(shape))
+    if array.size < size:  # repeated trailing values are left out: repeat the last
+        last = array[-1:] if array.size else np.zeros(1, array.dtype)
+        array = np.concatenate([array, np.repeat(last, size - array.size)])
+    return array.reshape(shape)
 
 
 def _source_checkout() -> str | None:
@@ -407,32 +672,77 @@ def _cmd_bench(args) -> None:
     module.main(args.args)
 
 
+def _command(commands, name: str, help: str, description: str, example: str):
+    """A subcommand whose --help shows a paragraph and an example, as written."""
+    return commands.add_parser(
+        name,
+        help=help,
+        description=textwrap.dedent(description).strip(),
+        epilog="example:\n" + textwrap.indent(textwrap.dedent(example).strip(), "  "),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from static_keras.serving.limits import ServerLimits
 
     parser = argparse.ArgumentParser(
         prog="static-keras",
-        description="STATIC constrained decoding for Keras 3 and TensorFlow Serving.",
+        description="STATIC constrained decoding for Keras 3 and TensorFlow Serving: compile a "
+        "catalogue's valid set into an index, decode only its members inside a Keras model, "
+        "serve it with index refreshes that need no retraining.",
+        epilog="Start with `static-keras demo`; docs/quickstart.md goes from your own semantic "
+        "IDs to a served model. `static-keras COMMAND --help` explains each command.",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    verbose_help = "also print TensorFlow's log lines and served errors in full"
+    parser.add_argument("--verbose", action="store_true", help=verbose_help)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = commands.add_parser(
+    demo = _command(
+        commands,
         "demo",
         help="generative retrieval end to end: semantic IDs, a trained decoder, "
         "constrained vs unconstrained beam search, cold start, a hot swap",
+        description="""
+            Generative retrieval end to end, on synthetic data: a catalogue of 50,000 items
+            and its users, semantic IDs by residual k-means, a small Keras transformer
+            decoder trained on the users' histories, then beam search without the
+            constraint, constrained to the catalogue and constrained to fresh items
+            (validity, eligibility, Recall@10, time per step), a cold-start run, three
+            regions served from one index, and an export and hot swap of two index
+            versions on the development server. Prints a table and writes OUT/report.md
+            with three plots. A few minutes on a laptop's CPU; --quick is smaller.
+        """,
+        example="""
+            static-keras demo --quick --out /tmp/demo   # then read /tmp/demo/report.md
+        """,
     )
-    demo.add_argument("--quick", action="store_true", help="small and fast (for CI)")
-    demo.add_argument("--out", default="static_keras_demo", help="report folder")
+    demo.add_argument(
+        "--quick", action="store_true", help="20,000 items and fewer users and epochs (for CI)"
+    )
+    demo.add_argument(
+        "--out", default="static_keras_demo", help="report folder (default static_keras_demo)"
+    )
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.add_argument("--no-serve", action="store_true", help="skip the export/serving part")
     demo.set_defaults(run=_cmd_demo)
 
-    build = commands.add_parser(
+    build = _command(
+        commands,
         "build-index",
         help="compile sequences into an index file",
-        description="Compile semantic IDs into an index file: in this process from one file, "
-        "or with --runner beam from many shards (globs, any Beam filesystem) through an "
-        "Apache Beam pipeline (docs/beam.md).",
+        description="""
+            Compile semantic IDs (an int array [N, L], one row per item) into an index
+            file: in this process from one .npy, .csv or .parquet file, or with --runner
+            beam from many shards (globs, any Beam filesystem) through an Apache Beam
+            pipeline (docs/beam.md). Prints the index's statistics, as inspect does.
+        """,
+        example="""
+            static-keras build-index semantic_ids.npy --vocab-size 256 \\
+                --item-ids item_ids.npy --out catalogue.npz
+            static-keras build-index 'shards/*.parquet' --runner beam --vocab-size 256 \\
+                --item-id-field item_id --out catalogue.npz
+        """,
     )
     build.add_argument(
         "sequences",
@@ -502,8 +812,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     build.set_defaults(run=_cmd_build_index)
 
-    inspect = commands.add_parser(
-        "inspect", help="print an index file's statistics (semantic IDs or a string set)"
+    inspect = _command(
+        commands,
+        "inspect",
+        help="print an index file's statistics (semantic IDs or a string set)",
+        description="""
+            Print an index file's statistics: its kind, members, automaton states, vocab
+            size, length, dense levels, step widths, bytes per array and checksum. Takes a
+            semantic-ID index (build-index, StaticIndex.save) or a string set
+            (StringIndex.save), and says what a file is when it is not an index.
+        """,
+        example="""
+            static-keras inspect catalogue.npz
+        """,
     )
     inspect.add_argument(
         "index", help="index file written by build-index, StaticIndex.save or StringIndex.save"
@@ -513,22 +834,60 @@ def build_parser() -> argparse.ArgumentParser:
     def model_arguments(command):
         command.add_argument("model", help=".keras model holding a ConstrainedBeamSearch")
         command.add_argument(
-            "--index", help="index file to decode over instead (an index-only refresh)"
+            "--index",
+            help="index file to decode over instead (an index-only refresh: same decoder "
+            "weights, another valid set)",
         )
-        command.add_argument("--xla", action="store_true", help="save jit-compiled functions")
+        command.add_argument(
+            "--xla", action="store_true",
+            help="save jit-compiled functions (the server needs XLA enabled: docs/serving.md)",
+        )  # fmt: skip
         command.add_argument(
             "--warmup-batch-sizes", type=int, nargs="+", default=[1, 8],
             help="batch sizes of the warmup requests (default 1 8)",
         )  # fmt: skip
-        command.add_argument("--model-name", default="static_keras", help="name in warmup requests")
+        command.add_argument(
+            "--model-name", default="static_keras",
+            help="model name in the warmup requests (default static_keras)",
+        )  # fmt: skip
 
-    export = commands.add_parser("export", help="write a SavedModel for TF Serving")
+    export = _command(
+        commands,
+        "export",
+        help="write a SavedModel for TF Serving",
+        description="""
+            Write a SavedModel for TensorFlow Serving from a .keras model that holds a
+            ConstrainedBeamSearch: the decoder weights and the index tensors as variables,
+            a serving_default signature with named outputs (tokens, scores, item_ids), and
+            warmup requests; it is reloaded and checked before the command returns. With
+            --index the same decoder decodes over another index file. For the versioned
+            folders that a server polls, use publish.
+        """,
+        example="""
+            static-keras export recommender.keras --out exported/recs
+        """,
+    )
     model_arguments(export)
     export.add_argument("--out", required=True, help="directory to create")
     export.set_defaults(run=_cmd_export)
 
-    publish = commands.add_parser(
-        "publish", help="export atomically as a new version under a model base path"
+    publish = _command(
+        commands,
+        "publish",
+        help="export atomically as a new version under a model base path",
+        description="""
+            Export the model as a new integer version under --model-base-path, atomically:
+            the version is written beside the others, loaded and warmed up, then renamed
+            into place, so a polling tensorflow_model_server (or serve-dev) only ever sees
+            complete versions and swaps to it without failing a request. Keeps the newest
+            --keep versions that load. With --index it publishes the same decoder over
+            another index file (tomorrow's catalogue, in-stock items): no retraining.
+        """,
+        example="""
+            static-keras publish recommender.keras --model-base-path models/recs
+            static-keras publish recommender.keras --model-base-path models/recs \\
+                --index in_stock.npz
+        """,
     )
     model_arguments(publish)
     publish.add_argument("--model-base-path", required=True, help="directory TF Serving polls")
@@ -539,9 +898,22 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     publish.set_defaults(run=_cmd_publish)
 
-    refresh = commands.add_parser(
+    refresh = _command(
+        commands,
         "refresh-eligibility",
         help="publish a version whose only change is some eligibility sets (no rebuild)",
+        description="""
+            Publish a new version whose only change is the members of some eligibility sets
+            (regions, in stock, ...) of a served model: the newest version (or
+            --source-version) is copied, each --set named is replaced by the item ids in
+            its file, and the copy is published as publish does. The model and its index
+            are neither loaded nor rebuilt. The model must have been exported with those
+            sets (EligibilitySets, docs/concepts.md); the other sets keep their members.
+        """,
+        example="""
+            static-keras refresh-eligibility --model-base-path models/recs \\
+                --set in_stock=in_stock_ids.npy --set region_eu=eu_ids.parquet --column item_id
+        """,
     )
     refresh.add_argument("--model-base-path", required=True, help="directory TF Serving polls")
     refresh.add_argument(
@@ -554,19 +926,37 @@ def build_parser() -> argparse.ArgumentParser:
     refresh.add_argument("--keep", type=int, default=3, help="good versions to keep (default 3)")
     refresh.set_defaults(run=_cmd_refresh_eligibility)
 
-    serve = commands.add_parser(
+    serve = _command(
+        commands,
         "serve-dev",
         help="development TF Serving stand-in (production: tensorflow_model_server)",
-        description="A development server for local use and tests, with the flag names of "
-        "tensorflow_model_server. Production runs tensorflow_model_server (docs/serving.md).",
+        description="""
+            A development server for local use and tests, with the flag names of
+            tensorflow_model_server: serves the versions under --model_base_path (or the
+            models of --model_config_file) over gRPC and REST, loads and warms up new
+            versions as they appear and swaps to them without failing a request. Version
+            loads, rejections and swaps are logged on stderr. Production runs
+            tensorflow_model_server (docs/serving.md).
+        """,
+        example="""
+            static-keras serve-dev --model_name recs --model_base_path models/recs &
+            static-keras query --grpc 127.0.0.1:8500 --model recs --input history=3,14,15 --wait 60
+        """,
     )
     serve.add_argument("--port", type=int, default=8500, help="gRPC port (default 8500)")
     serve.add_argument("--rest_api_port", type=int, default=8501, help="REST port (default 8501)")
     serve.add_argument("--model_name", default="default", help="model name (default 'default')")
     serve.add_argument("--model_base_path", help="directory of integer version directories")
     serve.add_argument("--model_config_file", help="models.config (labels, specific versions)")
-    serve.add_argument("--file_system_poll_wait_seconds", type=float, default=1.0)
-    serve.add_argument("--xla_cpu_compilation_enabled", action="store_true")
+    serve.add_argument(
+        "--file_system_poll_wait_seconds", type=float, default=1.0,
+        help="seconds between looks for new or removed versions (default 1)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--xla_cpu_compilation_enabled", action="store_true",
+        help="serve versions exported with --xla (jit-compiled); without it they are "
+        "rejected, as tensorflow_model_server does",
+    )  # fmt: skip
     defaults = ServerLimits()
     serve.add_argument(
         "--max_body_bytes", type=int, default=defaults.max_body_bytes,
@@ -584,15 +974,35 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--run-seconds", type=float, help="stop after this long (default: never)")
     serve.set_defaults(run=_cmd_serve_dev)
 
-    query = commands.add_parser("query", help="send one Predict request to a server")
-    query.add_argument("--model", required=True, help="model name")
-    query.add_argument("--grpc", help="gRPC address HOST:PORT")
-    query.add_argument("--rest", help="REST base URL, e.g. http://127.0.0.1:8501")
-    query.add_argument(
-        "--input", action="append", required=True, help="NAME=1,2,3;4,5,6 (rows split by ';')"
+    query = _command(
+        commands,
+        "query",
+        help="send one Predict request to a server",
+        description="""
+            Send one Predict request (signature serving_default) to tensorflow_model_server
+            or serve-dev and print each output. Inputs are int32 rows: --input
+            history=1,2,3 is one row, 'history=1,2,3;4,5,6' two. A gRPC answer says which
+            version served it; a REST answer from tensorflow_model_server does not (pin
+            --version). Neither path loads TensorFlow, so a query against a running server
+            takes a fraction of a second. Errors raised by the model (an id out of range)
+            print as their message alone; --verbose prints them as served.
+        """,
+        example="""
+            static-keras query --grpc 127.0.0.1:8500 --model recs --input history=3,14,15,92
+            static-keras query --rest 127.0.0.1:8501 --model recs --input 'history=3,14;15,92'
+        """,
     )
-    query.add_argument("--version", type=int, help="model version")
-    query.add_argument("--label", help="version label")
+    query.add_argument("--model", required=True, help="model name")
+    query.add_argument("--grpc", help="gRPC address HOST:PORT, e.g. 127.0.0.1:8500")
+    query.add_argument(
+        "--rest", help="REST address: a base URL or HOST:PORT, e.g. 127.0.0.1:8501 (http)"
+    )
+    query.add_argument(
+        "--input", action="append", required=True, metavar="NAME=ROWS",
+        help="an input and its int32 rows, NAME=1,2,3;4,5,6 (rows split by ';'); repeatable",
+    )  # fmt: skip
+    query.add_argument("--version", type=int, help="model version (default: the newest)")
+    query.add_argument("--label", help="version label (from a models.config)")
     query.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
     query.add_argument(
         "--wait", type=float, default=0.0,
@@ -600,26 +1010,90 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     query.set_defaults(run=_cmd_query)
 
-    bench = commands.add_parser(
-        "bench", help="run the benchmark suite (benchmarks/ in a source checkout)"
+    bench = _command(
+        commands,
+        "bench",
+        help="run the benchmark suite (benchmarks/ in a source checkout)",
+        description="""
+            Run the decoding benchmark suite of a source checkout (benchmarks/run_all.py):
+            index build time and bytes against N, the constraint's cost per decoding step
+            against the baselines over N, vocabulary and rows, and the step kernel; it
+            prints tables and writes CSVs and plots. The full run takes about 30 minutes;
+            --quick about a minute. Every argument after `bench` goes to run_all.py:
+            --quick, --device cpu|gpu, --results-dir DIR, --img-dir DIR, --only PART...,
+            --skip PART..., --sizes N...; `static-keras bench -- --help` lists them.
+        """,
+        example="""
+            static-keras bench --quick
+            static-keras bench --only build n --sizes 1e5 1e6 --results-dir /tmp/bench
+        """,
     )
-    bench.add_argument("args", nargs=argparse.REMAINDER, help="passed on, e.g. --quick")
+    bench.add_argument(
+        "args", nargs=argparse.REMAINDER, metavar="ARGS",
+        help="arguments of benchmarks/run_all.py (see above), passed on as given",
+    )  # fmt: skip
     bench.set_defaults(run=_cmd_bench)
+
+    for command in commands.choices.values():
+        # Also after the command (`static-keras demo --verbose`); SUPPRESS keeps
+        # an earlier `static-keras --verbose demo` from being reset.
+        command.add_argument(
+            "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help
+        )
     return parser
 
 
 def main(argv=None) -> int:
+    argv, passed_on = _split_bench_arguments(sys.argv[1:] if argv is None else list(argv))
     args = build_parser().parse_args(argv)
+    if passed_on is not None:
+        args.args = passed_on
     try:
+        _check_input_files(args)
+        if not args.verbose:
+            _quiet_tensorflow(import_now=args.command in _TENSORFLOW_COMMANDS)
         args.run(args)
     except Exception as error:
         from static_keras.serving.client import ServingError
 
         if not isinstance(error, (UserError, ValueError, FileNotFoundError, ServingError)):
             raise
-        print(f"static-keras: error: {error}", file=sys.stderr)
+        message = str(error)
+        if isinstance(error, ServingError) and not args.verbose:
+            message = _served_error_message(message)
+        print(f"static-keras: error: {message}", file=sys.stderr)
         return 2
     return 0
+
+
+def _split_bench_arguments(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """`(argv for the parser, bench's arguments or None)`.
+
+    Everything after `bench` goes to benchmarks/run_all.py as given (a
+    leading `--` dropped), but for `--verbose` and a lone `-h`/`--help`:
+    argparse's REMAINDER would take `--quick` for an option of its own.
+    """
+    command = next((i for i, arg in enumerate(argv) if not arg.startswith("-")), None)
+    if command is None or argv[command] != "bench":
+        return argv, None
+    rest = argv[command + 1 :]
+    if rest in (["-h"], ["--help"]):
+        return argv, None
+    own = ["--verbose"] if "--verbose" in rest else []
+    rest = [arg for arg in rest if arg != "--verbose"]
+    return argv[: command + 1] + own, rest[1:] if rest[:1] == ["--"] else rest
+
+
+def _check_input_files(args) -> None:
+    """A missing model or index file fails before TensorFlow loads (seconds)."""
+    if args.command not in ("export", "publish"):
+        return
+    if not os.path.isfile(args.model):
+        raise UserError(f"no such model file: {args.model}")
+    if args.index:
+        if not os.path.isfile(args.index):
+            raise UserError(f"no such index file: {args.index}")
+        _check_is_archive(args.index)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 
 import numpy as np
 import pytest
@@ -61,12 +62,111 @@ def test_build_index_from_parquet_with_progress(capsys, tmp_path):
 
 
 def test_every_subcommand_has_help(capsys):
-    for command in ("demo", "build-index", "inspect", "export", "publish", "serve-dev",
-                    "query", "bench"):  # fmt: skip
+    for command in ("demo", "build-index", "inspect", "export", "publish",
+                    "refresh-eligibility", "serve-dev", "query", "bench"):  # fmt: skip
         with pytest.raises(SystemExit) as exit_info:
             main([command, "--help"])
         assert exit_info.value.code == 0
-        assert "usage: static-keras " + command in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "usage: static-keras " + command in out
+        assert "example:\n  static-keras " + command in out
+
+
+def test_no_description_or_flag_help_is_empty():
+    """Every subcommand explains itself with a paragraph and an example, every flag in a line."""
+    import argparse
+
+    from static_keras.cli import build_parser
+
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    helps = {choice.dest: choice.help for choice in commands._choices_actions}
+    assert set(helps) == set(commands.choices)
+    for name, command in [("static-keras", parser), *commands.choices.items()]:
+        if command is not parser:
+            assert helps[name] and len(command.description) > 150, name
+            assert command.epilog.startswith("example:\n  static-keras " + name), name
+        for action in command._actions:
+            if not isinstance(action, argparse._SubParsersAction):
+                assert action.help and action.help.strip(), (name, action.option_strings)
+
+
+def test_bench_passes_its_arguments_on(capsys, monkeypatch):
+    import static_keras.cli
+
+    seen = []
+    monkeypatch.setattr(static_keras.cli, "_cmd_bench", lambda args: seen.append(args.args))
+    for argv, passed in (
+        (["bench", "--quick"], ["--quick"]),
+        (["bench", "--only", "build", "n", "--sizes", "1e5"], ["--only", "build", "n",
+                                                                 "--sizes", "1e5"]),
+        (["--verbose", "bench", "--", "--help"], ["--help"]),
+        (["bench"], []),
+    ):  # fmt: skip
+        assert main(argv) == 0
+        assert seen.pop() == passed
+
+
+def test_rest_address_without_a_scheme_is_http(capsys):
+    from static_keras.cli import _rest_url
+
+    assert _rest_url("127.0.0.1:8501") == "http://127.0.0.1:8501"
+    assert _rest_url("https://serving.example:443/") == "https://serving.example:443/"
+    # A closed port: a connection error, not "unknown url type: 127.0.0.1".
+    code, _, err = run(capsys, "query", "--rest", "127.0.0.1:1", "--model", "m",
+                       "--input", "x=1,2")  # fmt: skip
+    assert code == 2 and "http://127.0.0.1:1/v1/models/m:predict failed" in err, err
+    assert "unknown url type" not in err
+
+
+# The answers of serve-dev (and tensorflow_model_server) to an id out of range.
+_GRPC_ERROR = (
+    "gRPC Predict to 127.0.0.1:18500 for model 'recs' failed: INVALID_ARGUMENT: Graph execution "
+    "error:\n\nDetected at node Assert/Assert defined at (most recent call last):\n<stack traces "
+    "unavailable>\nassertion failed: [Input \\'history\\' holds ids outside [0, 50) (the rows "
+    "of its embedding); smallest and largest:] [1] [500]\n\t [[{{node Assert/Assert}}]] "
+    "[Op:__inference_signature_wrapper_4186]"
+)
+_MODEL_SERVER_ERROR = (
+    "REST predict to http://h:8501/v1/models/recs:predict failed: HTTP 400: assertion failed: "
+    "[Input \\'history\\' holds ids outside [0, 50) (the rows of its embedding); smallest and "
+    "largest:] [-1] [4]\n\t [[{{function_node __inference_serve_12}}{{node Assert/Assert}}]]"
+)
+_GATHER_ERROR = (
+    "gRPC Predict to h:1 for model 'recs' failed: INVALID_ARGUMENT: Graph execution error:\n\n"
+    "Detected at node GatherV2 defined at (most recent call last):\n<stack traces unavailable>\n"
+    "indices[0,4] = 500 is not in [0, 50)\n\t [[{{node GatherV2}}]] [Op:__inference_fn_7]"
+)
+
+
+@pytest.mark.parametrize(
+    "served,printed",
+    [
+        (_GRPC_ERROR, "gRPC Predict to 127.0.0.1:18500 for model 'recs' failed: INVALID_ARGUMENT: "
+         "Input 'history' holds ids outside [0, 50) (the rows of its embedding); smallest and "
+         "largest: 1, 500"),
+        (_MODEL_SERVER_ERROR, "REST predict to http://h:8501/v1/models/recs:predict failed: "
+         "HTTP 400: Input 'history' holds ids outside [0, 50) (the rows of its embedding); "
+         "smallest and largest: -1, 4"),
+        (_GATHER_ERROR, "gRPC Predict to h:1 for model 'recs' failed: INVALID_ARGUMENT: "
+         "indices[0,4] = 500 is not in [0, 50)"),
+        ("gRPC Predict to h:1 failed: NOT_FOUND: Servable not found for request: Specific(r, 7)",
+         "gRPC Predict to h:1 failed: NOT_FOUND: Servable not found for request: Specific(r, 7)"),
+    ],
+)  # fmt: skip
+def test_served_errors_print_their_message_alone(served, printed, capsys, monkeypatch):
+    import static_keras.cli
+    from static_keras.serving import ServingError
+
+    def fail(args):
+        raise ServingError(served, code="INVALID_ARGUMENT")
+
+    monkeypatch.setattr(static_keras.cli, "_cmd_query", fail)
+    argv = ["query", "--model", "recs", "--grpc", "h:1", "--input", "history=1,500"]
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and err == f"static-keras: error: {printed}\n"
+    code, _, err = run(capsys, *argv, "--verbose")
+    assert code == 2 and err == f"static-keras: error: {served}\n"
 
 
 @pytest.mark.parametrize(
@@ -76,8 +176,27 @@ def test_every_subcommand_has_help(capsys):
         (["build-index", "missing.npy", "--vocab-size", "4", "--out", "x.npz"], "no such file"),
         (["build-index", "ids.npy", "--vocab-size", "8", "--out", "x.npz"], "out of range"),
         (["build-index", "ids.txt", "--vocab-size", "8", "--out", "x.npz"], "unsupported input"),
-        (["inspect", "ids.npy"], "truncated or corrupt"),
+        (
+            ["inspect", "ids.npy"],
+            "ids.npy: not a static-keras index: it holds one int array "
+            "[N, L] (shape (2, 2)); build an index from it with `static-keras build-index`",
+        ),
+        (
+            ["inspect", "items.npy"],
+            "not a static-keras index: it holds one int array [N] (shape (2,)) (item ids?)",
+        ),
+        (["inspect", "ids.txt"], "not a static-keras index: it is a text file (CSV?); build"),
+        (["inspect", "model.keras"], "not a static-keras index: it is a Keras model (.keras)"),
+        (["inspect", "empty.npz"], "not a static-keras index: the file is empty"),
         (["export", "missing.keras", "--out", "m"], "no such model file"),
+        (
+            ["export", "model.keras", "--index", "in_stock.npz", "--out", "m"],
+            "no such index file: in_stock.npz",
+        ),
+        (
+            ["publish", "model.keras", "--index", "ids.npy", "--model-base-path", "m"],
+            "not a static-keras index: it holds one int array [N, L]",
+        ),
         (["serve-dev", "--port", "0"], "--model_base_path"),
         (["query", "--model", "m", "--input", "x=1,2"], "exactly one of --grpc"),
         (["query", "--model", "m", "--grpc", "h:1", "--input", "x"], "--input must look like"),
@@ -86,7 +205,12 @@ def test_every_subcommand_has_help(capsys):
 def test_user_errors_are_one_line(capsys, tmp_path, argv, message, monkeypatch):
     monkeypatch.chdir(tmp_path)
     np.save(tmp_path / "ids.npy", np.array([[1, 9], [2, 3]]))
+    np.save(tmp_path / "items.npy", np.array([7, 8]))
     (tmp_path / "ids.txt").write_text("1,2\n")
+    (tmp_path / "empty.npz").write_bytes(b"")
+    with zipfile.ZipFile(tmp_path / "model.keras", "w") as model:  # a .keras file's members
+        for name in ("config.json", "metadata.json", "model.weights.h5"):
+            model.writestr(name, "{}")
     code, _, err = run(capsys, *argv)
     assert code == 2
     assert err.count("\n") == 1 and message in err, err
