@@ -101,8 +101,8 @@ def check_batch(name: str, tensor: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
     """`tensor`, once its leading dimension is known to be `batch`."""
     check = tf.debugging.Assert(
         tf.equal(tf.shape(tensor)[0], batch),
-        [f"Input {name!r} must have one row per request row; rows:", tf.shape(tensor)[0],
-         "expected:", batch],
+        [f"Input {name!r}: `{name}` must have one row per batch row: expected", batch,
+         "rows. Received rows:", tf.shape(tensor)[0]],
     )  # fmt: skip
     with tf.control_dependencies([check]):
         return tf.identity(tensor)

@@ -182,8 +182,12 @@ def test_bad_eligibility_inputs_are_invalid_argument(eligible_model, tmp_path):
         ({"excluded_item_ids": np.full((2, 1), -1, np.int32)}, r"'excluded_item_ids'.*int64"),
         (
             {"excluded_item_ids": np.full((3, 1), -1, np.int64)},
-            r"excluded_item_ids.{1,3}must have one row",
+            r"`excluded_item_ids` must have one row per batch row: expected\W+2\W+rows",
         ),
+        ({"set_id": np.array([0, 0, 0], np.int32)}, r"`set_id` must have one row per batch row"),
+        ({"set_id": np.array([0], np.int32)}, r"`set_id` must have one row per batch row"),
+        ({"set_id": np.array([0.7, 1.9], np.float32)}, r"'set_id'.*int32 but float"),
+        ({"set_id": np.array(["a", "b"])}, r"'set_id'"),
         (
             {"excluded_item_ids": np.full((2, MAX_DYNAMIC_EXCLUDED + 1), -1, np.int64)},
             rf"excluded_item_ids.{{1,3}}may hold at most {MAX_DYNAMIC_EXCLUDED} ids",

@@ -177,3 +177,49 @@ def test_catalogue_lookups_equal_a_dict(ids):
 def test_an_arange_catalogue_is_the_identity():
     assert MemberCatalogue(np.arange(9), 9).fingerprint == MemberCatalogue(None, 9).fingerprint
     assert MemberCatalogue(np.arange(9) + 1, 9).fingerprint != MemberCatalogue(None, 9).fingerprint
+
+
+def _eligible_search():
+    index = _index(0, np.arange(40) + 10)
+    sets = EligibilitySets.build(index, {"a": np.arange(10, 30), "b": np.arange(20, 50)})
+    return index, _search(_model(index, sets))
+
+
+@pytest.mark.parametrize(
+    "set_ids, excluded, error, pattern",
+    [
+        ([0, 1, 0, 1], None, ValueError, r"`set_ids` must have one row per batch row: expected 3"),
+        ([0, 1], None, ValueError, r"`set_ids` must have one row per batch row: expected 3"),
+        (None, np.zeros((4, 2), "int32"), ValueError, r"`excluded` must have one row per batch"),
+        ([0.7, 1.9, 0.0], None, TypeError, r"`set_ids` must hold integers.*float"),
+        (None, [[1.5], [0.0], [2.0]], TypeError, r"`excluded` must hold integers.*float"),
+        (np.array(["a", "b", "a"]), None, TypeError, r"`set_ids` must hold integers.*str"),
+        ([True, False, True], None, TypeError, r"`set_ids` must hold integers.*bool"),
+    ],
+)
+def test_bad_eligibility_inputs_name_the_argument(set_ids, excluded, error, pattern):
+    """Eagerly, in the layer call, in `beam_search`, and in a step of the
+    constraint: the argument, its shape or dtype and what was expected."""
+    from static_keras.decoding.beam_search import beam_search
+
+    index, search = _eligible_search()
+    context = histories(3)
+    with pytest.raises(error, match=pattern):
+        search(context, set_ids=set_ids, excluded=excluded)
+    with pytest.raises(error, match=pattern):
+        beam_search(
+            search.constraint, search.decoder, 3, beam_size=2,
+            initial_state=search.decoder.initial_state(context), eligibility=(set_ids, excluded),
+        )  # fmt: skip
+    with pytest.raises(error, match=pattern):
+        search.constraint.candidates(
+            np.zeros((3, index.vocab_size), "float32"), np.zeros(3, "int32"), step=0,
+            eligibility=(set_ids, excluded),
+        )  # fmt: skip
+
+
+def test_good_eligibility_inputs_still_run():
+    _, search = _eligible_search()
+    out = search(histories(3), set_ids=np.array([0, 1, -1], np.int64))
+    found = np.asarray(out["item_ids"])
+    assert np.isin(found[0][found[0] >= 0], np.arange(10, 30)).all()

@@ -168,7 +168,7 @@ def beam_search(
                 "StringIndex, or their layers) built with eligibility sets"
             )
         # Set out once per decode; every later state was entered under it.
-        per_batch_row = constraint.check_eligibility(eligibility)
+        per_batch_row = constraint.check_eligibility(eligibility, rows=batch_size)
         per_beam_row = eligibility_step.repeat_rows(per_batch_row, beam_size, entered=True)
 
     beam_scores = None  # set by the first step, which starts from one beam per row

@@ -337,9 +337,10 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
             raise ValueError("Member ranges live with the eligibility sets: eligibility_sets=0")
         return self._member_ranges(ops.cast(states, "int32"), depth)
 
-    def check_eligibility(self, eligibility) -> eligibility_step.RequestEligibility:
-        """`(set_ids, excluded)` checked against this layer's sets (a
-        ValueError names the problem) and set out for the steps of a decode
+    def check_eligibility(self, eligibility, rows=None) -> eligibility_step.RequestEligibility:
+        """`(set_ids, excluded)` checked against this layer's sets and `rows`
+        (the rows they must have, where known; a ValueError or TypeError
+        names the problem) and set out for the steps of a decode
         (`eligibility_step.RequestEligibility`, returned as is if given)."""
         if not self.num_eligibility_sets:
             raise ValueError(
@@ -352,6 +353,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
             eligibility,
             self.num_eligibility_sets,
             self._dense_exclusions,
+            rows,
         )
 
     def _sparse_keep(self, eligibility, edges, step):
@@ -440,7 +442,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         states = ops.cast(states, "int32")
         k = self.num_candidates(t, top_k)
         if eligibility is not None:
-            eligibility = self.check_eligibility(eligibility)
+            eligibility = self.check_eligibility(eligibility, ops.shape(states)[0])
         if t is not None and self._is_dense(t):
             found = self._dense_candidates(logits, states, t, k, k, eligibility)
         else:
@@ -497,7 +499,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         if t is None or not self._is_dense(t) or self._reads_edge_rows(t, eligibility):
             return None
         if eligibility is not None:
-            eligibility = self.check_eligibility(eligibility)
+            eligibility = self.check_eligibility(eligibility, ops.shape(states)[0])
         return t, ops.cast(states, "int32"), eligibility
 
     def allowed_mask(self, states, step=None, eligibility=None):
@@ -509,7 +511,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         t = self._static_step(step)
         states = ops.cast(states, "int32")
         if eligibility is not None:
-            eligibility = self.check_eligibility(eligibility)
+            eligibility = self.check_eligibility(eligibility, ops.shape(states)[0])
         if t is not None and self._is_dense(t):
             return self._dense_allowed(states, t, eligibility)
         edges, ok = self._sparse_slots(states, t)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -248,13 +249,15 @@ class RequestEligibility(NamedTuple):
     group: int = 1
 
 
-def check_eligibility(eligibility, num_sets: int):
+def check_eligibility(eligibility, num_sets: int, rows=None):
     """`(set_ids int32 [R] or None, excluded int32 [R, E] or None)`, checked.
 
-    Set ids must lie in `[-1, num_sets)` (-1: no set restriction). Concrete
-    values (eager) are checked here and raise ValueError; symbolic ones (a
-    TF graph, `jax.jit`) cannot be, and an out-of-range id there keeps
-    nothing (its row gets no candidates).
+    Set ids must lie in `[-1, num_sets)` (-1: no set restriction); both must
+    hold integers (a float id would be truncated to another set, a float
+    member to another item: TypeError) and have one row per row (`rows`, an
+    int, when it is known: ValueError). Concrete values (eager) are checked
+    here; symbolic ones (a TF graph, `jax.jit`) cannot be, and an
+    out-of-range id there keeps nothing (its row gets no candidates).
     """
     if not isinstance(eligibility, (tuple, list)) or len(eligibility) != 2:
         raise ValueError(
@@ -267,9 +270,10 @@ def check_eligibility(eligibility, num_sets: int):
                 "This layer holds no eligibility sets: build it with `eligibility=` "
                 "(an EligibilitySets) or `eligibility_sets=S`, or pass set_ids=None"
             )
-        set_ids = ops.cast(set_ids, "int32")
+        set_ids = _integers(set_ids, "set_ids", "set ids, -1: no set")
         if len(ops.shape(set_ids)) != 1:
             raise ValueError(f"`set_ids` must be int [R]. Received shape {ops.shape(set_ids)}")
+        check_rows("set_ids", ops.shape(set_ids), rows)
         values = _concrete(set_ids)
         if values is not None and values.size and (values.min() < -1 or values.max() >= num_sets):
             raise ValueError(
@@ -277,13 +281,41 @@ def check_eligibility(eligibility, num_sets: int):
                 f"Received values in [{values.min()}, {values.max()}]"
             )
     if excluded is not None:
-        excluded = ops.cast(excluded, "int32")
+        excluded = _integers(excluded, "excluded", "member numbers, `exclusion_members`")
         if len(ops.shape(excluded)) != 2:
             raise ValueError(
                 f"`excluded` must be int [R, E] member numbers (`exclusion_members`). "
                 f"Received shape {ops.shape(excluded)}"
             )
+        check_rows("excluded", ops.shape(excluded), rows)
     return set_ids, excluded
+
+
+def check_rows(name: str, shape, rows) -> None:
+    """ValueError unless `shape[0]` is `rows` (where both are known ints)."""
+    known = isinstance(rows, (int, np.integer)) and isinstance(shape[0], (int, np.integer))
+    if known and int(shape[0]) != int(rows):
+        raise ValueError(
+            f"`{name}` must have one row per batch row: expected {int(rows)} rows. "
+            f"Received shape {tuple(shape)}"
+        )
+
+
+def _integers(x, name: str, what: str):
+    """`x` as int32, after a TypeError unless it holds integers."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:  # a list or a scalar: NumPy decides what it holds
+        x = np.asarray(x)
+        dtype = x.dtype
+    if isinstance(dtype, np.dtype) and dtype.kind in "USO":
+        dtype = "string"
+    try:
+        dtype = keras.backend.standardize_dtype(dtype)
+    except ValueError:
+        dtype = str(dtype)
+    if not (dtype.startswith("int") or dtype.startswith("uint")):
+        raise TypeError(f"`{name}` must hold integers ({what}). Received dtype {dtype}")
+    return ops.cast(x, "int32")
 
 
 def _concrete(x):
@@ -294,19 +326,20 @@ def _concrete(x):
 
 
 def prepare(
-    words, num_members: int, eligibility, num_sets: int, dense_exclusions=None
+    words, num_members: int, eligibility, num_sets: int, dense_exclusions=None, rows=None
 ) -> RequestEligibility:
     """A `RequestEligibility` from `(set_ids [R], excluded [R, E])` (checked
     by `check_eligibility`; a `RequestEligibility` is returned as is).
     `dense_exclusions`: None, or the kind's function of `(set_ids, excluded,
-    excluded_before)` giving `dense_excluded`.
+    excluded_before)` giving `dense_excluded`. `rows`: the rows the request
+    must have, where known.
 
     Excluded entries may come in any order, repeat, or be padding (any value
     outside `[0, num_members)`): they are sorted, and each member counts once.
     """
     if isinstance(eligibility, RequestEligibility):
         return eligibility
-    set_ids, excluded = check_eligibility(eligibility, num_sets)
+    set_ids, excluded = check_eligibility(eligibility, num_sets, rows)
     if set_ids is not None:
         known = ops.logical_and(ops.greater_equal(set_ids, -1), ops.less(set_ids, num_sets))
         set_ids = ops.where(known, set_ids, -2)
