@@ -33,6 +33,7 @@ from typing import Mapping
 import numpy as np
 import tensorflow as tf
 
+from static_keras.export import checkpoint_patch
 from static_keras.export.leftovers import DEFAULT_STALE_AFTER_SECONDS
 from static_keras.export.metadata import METADATA_FILENAME
 from static_keras.export.metadata import read_metadata
@@ -234,9 +235,13 @@ def refresh_eligibility(
     sets = _new_sets(current, eligibility_sets)
 
     def write(staging):
-        shutil.copytree(source, staging)
+        # Everything but the checkpoint is copied (small files); the
+        # checkpoint links the source's shards and writes only the new sets.
+        shutil.copytree(source, staging, ignore=_top_level("variables"))
         info = metadata["eligibility"]
-        _rewrite_checkpoint(staging, info["variables"], sets, info.get("dense_masks"))
+        replaced = _rewrite_checkpoint(
+            source, staging, info["variables"], sets, info.get("dense_masks")
+        )
         metadata["eligibility_refresh"] = {
             "source_version": source_version,
             "refreshed_unix": time.time(),
@@ -245,6 +250,8 @@ def refresh_eligibility(
         with open(os.path.join(staging, "assets", METADATA_FILENAME), "w") as file:
             json.dump(metadata, file, indent=2, sort_keys=True)
         _refresh_fingerprint(staging)
+        if check:
+            _verify_checkpoint(source, staging, replaced)
 
     staged = publish_module.publish_staged(
         base,
@@ -265,6 +272,18 @@ def refresh_eligibility(
         rejected_versions=staged.rejected_versions,
         seconds=time.perf_counter() - start,
     )
+
+
+def _top_level(name: str):
+    """A `copytree` ignore function that skips `name` at the top only."""
+    top = []
+
+    def ignore(folder, names):
+        if not top:
+            top.append(folder)
+        return [name] if folder == top[0] and name in names else []
+
+    return ignore
 
 
 def _refresh_fingerprint(saved_model_dir: str) -> None:
@@ -308,12 +327,15 @@ def _new_sets(current: EligibilitySets, eligibility_sets) -> EligibilitySets:
     return sets
 
 
-def _rewrite_checkpoint(saved_model_dir: str, keys: Mapping[str, str], sets, dense=None) -> None:
-    """Rewrites the version's checkpoint: every tensor as it was (the object
-    graph included) except the eligibility words and directory, and the
-    dense-step masks derived from them (`dense`: their metadata, or None)."""
-    prefix = os.path.join(saved_model_dir, "variables", "variables")
-    reader = tf.train.load_checkpoint(prefix)
+def _rewrite_checkpoint(
+    source_dir: str, saved_model_dir: str, keys: Mapping[str, str], sets, dense=None
+) -> dict[str, np.ndarray]:
+    """Writes the checkpoint of `saved_model_dir`: that of `source_dir` with
+    the eligibility words and directory replaced, and the dense-step masks
+    derived from them (`dense`: their metadata, or None). Only those bytes
+    are written (`checkpoint_patch`); returns what was replaced, by key."""
+    source = os.path.join(source_dir, "variables", "variables")
+    reader = tf.train.load_checkpoint(source)
     arrays = sets.device_arrays()
     if dense is not None:
         held = {
@@ -331,20 +353,25 @@ def _rewrite_checkpoint(saved_model_dir: str, keys: Mapping[str, str], sets, den
     replaced = {
         _checkpoint_key("model_variables", keys[name]): array for name, array in arrays.items()
     }
-    names = sorted(reader.get_variable_to_dtype_map())
-    tensors = []
-    for name in names:
-        value = replaced.get(name)
-        if value is None:
-            value = reader.get_tensor(name)
-        else:
-            old_shape = tuple(reader.get_variable_to_shape_map()[name])
-            if old_shape != value.shape:
-                raise ValueError(f"{name}: the new sets have shape {value.shape}, not {old_shape}")
-        tensors.append(tf.constant(value))
-    del reader
-    for entry in os.listdir(os.path.dirname(prefix)):
-        os.unlink(os.path.join(os.path.dirname(prefix), entry))
-    tf.raw_ops.SaveV2(
-        prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors
+    os.makedirs(os.path.join(saved_model_dir, "variables"))
+    checkpoint_patch.replace_tensors(
+        source, os.path.join(saved_model_dir, "variables", "variables"), replaced
     )
+    return replaced
+
+
+def _verify_checkpoint(source_dir: str, saved_model_dir: str, replaced) -> None:
+    """Reads the new checkpoint back with TensorFlow's own reader (what
+    `LoadSavedModel` restores with; it checks every tensor's CRC-32C): the
+    same tensors, dtypes and shapes as the source's, the replaced values as
+    written. ValueError otherwise."""
+    source = tf.train.load_checkpoint(os.path.join(source_dir, "variables", "variables"))
+    new = tf.train.load_checkpoint(os.path.join(saved_model_dir, "variables", "variables"))
+    if (
+        new.get_variable_to_shape_map() != source.get_variable_to_shape_map()
+        or new.get_variable_to_dtype_map() != source.get_variable_to_dtype_map()
+    ):
+        raise ValueError("The refreshed checkpoint does not hold the source's tensors")
+    for key, value in replaced.items():
+        if not np.array_equal(new.get_tensor(key), value):
+            raise ValueError(f"The refreshed checkpoint reads back {key} differently")
