@@ -53,18 +53,31 @@ def _harmless_log_line(line: str) -> bool:
     return "failed call to cuInit" in line and not glob.glob("/dev/nvidia[0-9]*")
 
 
+def _no_retracing_warning(record) -> bool:
+    """False for TensorFlow's "triggered tf.function retracing" warning: a hint to
+    whoever writes the code (Keras traces a predict function per model, and the
+    demo builds several), nothing a user of a command can act on."""
+    return "triggered tf.function retracing" not in record.getMessage()
+
+
 def _quiet_tensorflow(import_now: bool) -> None:
     """Hides TensorFlow's start-up lines that are known to be harmless.
 
-    `TF_CPP_MIN_LOG_LEVEL=1` (unless already set) hides its INFO lines once
+    `TF_CPP_MIN_LOG_LEVEL=1` (unless already set) hides its C++ INFO lines once
     its logging is up (a `TFRecordDataset` note in the middle of the demo's
     table, for one). Lines written while its libraries load come before
     that and ignore the level, so with `import_now` TensorFlow is imported
     here with stderr captured at the file descriptor, its devices are listed
     (the CUDA probe logs then), and every captured line but the harmless
-    ones is written back.
+    ones is written back. Its Python warnings about tf.function retracing
+    are dropped.
     """
+    import logging
+
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    logger = logging.getLogger("tensorflow")
+    if _no_retracing_warning not in logger.filters:
+        logger.addFilter(_no_retracing_warning)
     if not import_now or "tensorflow" in sys.modules:
         return
     import tempfile

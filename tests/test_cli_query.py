@@ -127,3 +127,17 @@ def test_commands_print_only_their_own_lines(tmp_path):
     assert quiet.returncode == 2
     assert quiet.stderr == f"static-keras: error: no such file: {tmp_path / 'missing.npy'}\n"
     assert quiet.stdout == ""
+
+
+def test_retracing_hints_are_dropped_and_other_warnings_kept():
+    import logging
+
+    from static_keras.cli import _no_retracing_warning
+
+    def record(message):
+        return logging.LogRecord("tensorflow", logging.WARNING, "", 0, message, None, None)
+
+    assert not _no_retracing_warning(
+        record("5 out of the last 11 calls to <function f> triggered tf.function retracing.")
+    )
+    assert _no_retracing_warning(record("Skipping variable loading for optimizer 'adam'"))

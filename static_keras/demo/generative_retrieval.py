@@ -44,6 +44,8 @@ from static_keras.metrics.recall_at_k import recall_per_row
 
 HISTORY = 8
 REGION_USERS = 32  # users decoded per region in step 6
+TIMED_USERS = 128  # one batch, timed per decoding step
+TIMING_ROUNDS = 9
 
 
 class DemoFailure(RuntimeError):
@@ -53,6 +55,24 @@ class DemoFailure(RuntimeError):
 def _recall(targets: np.ndarray, ranked: np.ndarray, k: int) -> np.ndarray:
     """float64 `[B]`: each user's Recall@k (`static_keras.metrics`), here 0 or 1."""
     return np.asarray(keras.ops.convert_to_numpy(recall_per_row(targets, ranked, k)[0]), "float64")
+
+
+def _interleaved_times(models, inputs, rounds: int = TIMING_ROUNDS) -> list[list[float]]:
+    """Seconds per `predict_on_batch(inputs)`, `rounds` per model.
+
+    On a shared CPU the machine's speed drifts over seconds: timing one model
+    after the other lets the drift decide their order. Each round times every
+    model once, starting one later each round, so each sees the same drift.
+    """
+    for model in models:
+        model.predict_on_batch(inputs)  # the first call of a batch shape may trace
+    times = [[] for _ in models]
+    for round_ in range(rounds):
+        for i in np.roll(np.arange(len(models)), -round_):
+            begin = time.perf_counter()
+            models[i].predict_on_batch(inputs)
+            times[i].append(time.perf_counter() - begin)
+    return times
 
 
 def _settings(quick: bool) -> dict:
@@ -158,26 +178,20 @@ def run_demo(
         )
         return keras.Model(history_in, layer(history_in))
 
-    def decode(model, inputs, passes=5):
+    def decode(model, inputs):
         model.predict(inputs[:128], batch_size=128, verbose=0)  # trace, compile, warm up
-        out = model.predict(inputs, batch_size=128, verbose=0)
-        # One pass is noisy on a shared CPU: the median of several passes over
-        # one batch of 128 users.
-        times = []
-        for _ in range(passes):
-            begin = time.perf_counter()
-            model.predict_on_batch(inputs[:128])
-            times.append(time.perf_counter() - begin)
-        return out, (1e3 * float(np.median(times)) / length) if times else float("nan")
+        return model.predict(inputs, batch_size=128, verbose=0)
 
     eligible_ids = set(ids[fresh].tolist())
-    rows = []
-    for name, index in (
+    decodings = [
         ("unconstrained", None),
         ("constrained: catalogue", catalogue_index),
         (f"constrained: fresh < {fresh_days[0]} d", fresh_index),
-    ):
-        out, ms_per_step = decode(search_model(index), test_histories)
+    ]
+    models = [search_model(index) for _, index in decodings]
+    rows = []
+    for (name, index), model in zip(decodings, models):
+        out = decode(model, test_histories)
         tokens = out["tokens"].reshape(-1, length)
         returned = tokens[:, 0] >= 0
         item_ids = catalogue_index.lookup_item_ids(tokens)
@@ -192,17 +206,25 @@ def run_demo(
         rows.append(
             dict(name=name, valid=float(valid.mean()), eligible=float(eligible.mean()),
                  recall_at_10=float(hits.mean()),
-                 recall_at_10_fresh_targets=float(hits[fresh_target].mean()),
-                 ms_per_step=ms_per_step)
+                 recall_at_10_fresh_targets=float(hits[fresh_target].mean()))
         )  # fmt: skip
+    for row, times in zip(rows, _interleaved_times(models, test_histories[:TIMED_USERS])):
+        ms = 1e3 * np.asarray(times) / length
+        p25, p75 = np.percentile(ms, [25, 75])
+        row.update(
+            ms_per_step=float(np.median(ms)), ms_per_step_p25=float(p25), ms_per_step_p75=float(p75)
+        )
     print_fn("")
     print_fn(f"{'decoding':<28}{'valid':>8}{'eligible':>10}{'Recall@10':>11}"
-             f"{'R@10 fresh':>12}{'ms/step':>9}")  # fmt: skip
+             f"{'R@10 fresh':>12}{'ms/step (IQR)':>20}")  # fmt: skip
     for row in rows:
+        spread = f"({row['ms_per_step_p25']:.1f}-{row['ms_per_step_p75']:.1f})"
         print_fn(f"{row['name']:<28}{row['valid']:>8.1%}{row['eligible']:>10.1%}"
                  f"{row['recall_at_10']:>11.1%}{row['recall_at_10_fresh_targets']:>12.1%}"
-                 f"{row['ms_per_step']:>9.2f}")  # fmt: skip
-    print_fn(f"(R@10 fresh: users whose next item is fresh, {fresh_target.mean():.0%} of them)")
+                 f"{row['ms_per_step']:>8.2f} {spread:>11}")  # fmt: skip
+    print_fn(f"(R@10 fresh: users whose next item is fresh, {fresh_target.mean():.0%} of them; "
+             f"ms/step: {TIMED_USERS} users x beam {beam}, median and interquartile range of "
+             f"{TIMING_ROUNDS} rounds that time the three in turn)")  # fmt: skip
     if rows[1]["valid"] != 1.0 or rows[2]["valid"] != 1.0 or rows[2]["eligible"] != 1.0:
         raise DemoFailure("constrained decoding returned an invalid or ineligible item")
 
@@ -212,9 +234,9 @@ def run_demo(
     )
     cold_histories = history_tokens(cold_histories)
     everything = index_of(np.arange(world.num_items))
-    free, _ = decode(search_model(None), cold_histories, passes=0)
+    free = decode(search_model(None), cold_histories)
     free_top1 = everything.lookup_item_ids(free["tokens"][:, 0])
-    pool, _ = decode(search_model(index_of(cold)), cold_histories, passes=0)
+    pool = decode(search_model(index_of(cold)), cold_histories)
     cold_start = dict(
         items=len(cold),
         users=len(cold_targets),
@@ -235,7 +257,8 @@ def run_demo(
         index_bytes=catalogue_index.nbytes, build_ms=build_ms,
         decoder_parameters=int(sum(np.prod(w.shape) for w in decoder.weights)),
         train_seconds=train_seconds, epochs=cfg["epochs"], test_users=cfg["test_users"],
-        beam_size=beam, decoding=rows, cold_start=cold_start, regions=regions,
+        beam_size=beam, timed_users=TIMED_USERS, timing_rounds=TIMING_ROUNDS, decoding=rows,
+        cold_start=cold_start, regions=regions,
     )  # fmt: skip
 
     # 7. Serve and hot-swap ---------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 
 def write_report(out_dir: str, results: dict) -> list[str]:
     """Writes report.md and the plots; returns the files written."""
@@ -21,15 +23,23 @@ def write_report(out_dir: str, results: dict) -> list[str]:
         f"{results['test_users']} held-out users, beam {results['beam_size']}.",
         "",
         "| decoding | valid items | eligible (fresh) | Recall@10 | Recall@10, fresh targets "
-        "| ms per step (median of 5 passes) |",
+        "| ms per step: median (interquartile range) |",
         "|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
             f"| {row['name']} | {row['valid']:.1%} | {row['eligible']:.1%} | "
             f"{row['recall_at_10']:.1%} | {row['recall_at_10_fresh_targets']:.1%} | "
-            f"{row['ms_per_step']:.2f} |"
+            f"{row['ms_per_step']:.2f} ({row['ms_per_step_p25']:.2f}-"
+            f"{row['ms_per_step_p75']:.2f}) |"
         )
+    lines += [
+        "",
+        f"Time per step: {results['timed_users']} users x beam {results['beam_size']}, "
+        f"{results['timing_rounds']} rounds that each time the three decodings in turn "
+        "(on a shared CPU the speed drifts: timing one after the other would let the drift "
+        "order them).",
+    ]
     cold = results["cold_start"]
     lines += [
         "",
@@ -77,27 +87,71 @@ def _plots(out_dir: str, results: dict) -> list[str]:
     import matplotlib.pyplot as plt
 
     rows = results["decoding"]
-    names = [row["name"] for row in rows]
+    names = [row["name"].replace(": ", ":\n") for row in rows]  # two lines: no overlaps
     colors = ["#b0b0b0", "#4c72b0", "#55a868"][: len(rows)]
+    fresh = rows[-1]["name"].split(": ", 1)[-1]
     files = []
-    for key, title, filename, percent in (
-        ("valid", "Share of results that are real items", "validity.png", True),
-        ("recall_at_10", "Recall@10 on held-out users", "recall.png", True),
-        ("ms_per_step", "Decoding time per step (ms, 128 users x beam)", "latency.png", False),
+
+    def bars(axis, values, labels, errors=None, digits=1):
+        """Bars with their values above, and headroom so that no label meets the frame."""
+        axis.bar(range(len(values)), values, color=colors, yerr=errors, capsize=4)
+        axis.set_xticks(range(len(values)), names, fontsize=8)
+        above = errors[1] if errors is not None else np.zeros(len(values))
+        tops = [value + extra for value, extra in zip(values, above)]
+        top = max(tops) or 1.0  # all zero: still an axis
+        axis.set_ylim(0, top * 1.25)
+        for x, (value, label) in enumerate(zip(tops, labels)):
+            axis.text(x, value + top * 0.02, label, ha="center", va="bottom", fontsize=9)
+
+    # What each constraint promises, as the share of results that break it.
+    figure, (real, eligible) = plt.subplots(1, 2, figsize=(8.4, 3.6))
+    invalid = [100 * (1 - row["valid"]) for row in rows]
+    stale = [100 * (1 - row["eligible"]) for row in rows]
+    bars(real, invalid, [f"{v:.1f}%" for v in invalid])
+    real.set_title("not a catalogue item", fontsize=10)
+    bars(eligible, stale, [f"{v:.1f}%" for v in stale])
+    eligible.set_title(f"not {fresh}", fontsize=10)
+    real.set_ylabel("% of returned results")
+    figure.suptitle("Results that break the rule (lower is better)")
+    files.append(_save(figure, out_dir, "validity.png"))
+
+    # Recall@10 over all users, and over those whose next item is fresh.
+    figure, (overall, on_fresh) = plt.subplots(1, 2, figsize=(8.4, 3.6), sharey=True)
+    for axis, key, title in (
+        (overall, "recall_at_10", "all held-out users"),
+        (on_fresh, "recall_at_10_fresh_targets", "users whose next item is fresh"),
     ):
-        figure, axis = plt.subplots(figsize=(6.4, 3.6))
-        values = [row[key] * (100 if percent else 1) for row in rows]
-        axis.bar(range(len(names)), values, color=colors)
-        # Long names on two lines, so that the labels never overlap.
-        axis.set_xticks(range(len(names)), [n.replace(": ", ":\n") for n in names], fontsize=9)
-        axis.set_title(title)
-        if percent:
-            axis.set_ylim(0, 105 if key == "valid" else max(values) * 1.3 + 1)
-            axis.set_ylabel("%")
-        for x, value in enumerate(values):
-            axis.text(x, value, f"{value:.1f}", ha="center", va="bottom")
-        figure.tight_layout()
-        figure.savefig(os.path.join(out_dir, filename), dpi=110)
-        plt.close(figure)
-        files.append(filename)
+        values = [100 * row[key] for row in rows]
+        bars(axis, values, [f"{v:.1f}%" for v in values])
+        axis.set_title(title, fontsize=10)
+    top = max(100 * max(row[k] for k in ("recall_at_10", "recall_at_10_fresh_targets"))
+              for row in rows)  # fmt: skip
+    overall.set_ylim(0, top * 1.25)
+    overall.set_ylabel("Recall@10 (%)")
+    figure.suptitle("Recall@10: the fresh constraint trades overall recall for fresh items")
+    files.append(_save(figure, out_dir, "recall.png"))
+
+    figure, axis = plt.subplots(figsize=(6.4, 3.8))
+    medians = [row["ms_per_step"] for row in rows]
+    errors = np.array(
+        [[m - row["ms_per_step_p25"] for m, row in zip(medians, rows)],
+         [row["ms_per_step_p75"] - m for m, row in zip(medians, rows)]]
+    )  # fmt: skip
+    bars(axis, medians, [f"{m:.1f}" for m in medians], errors=errors)
+    axis.set_ylabel("ms per decoding step")
+    axis.set_title(
+        f"Time per step: {results['timed_users']} users x beam {results['beam_size']}\n"
+        f"median and interquartile range of {results['timing_rounds']} interleaved rounds",
+        fontsize=10,
+    )
+    files.append(_save(figure, out_dir, "latency.png"))
     return files
+
+
+def _save(figure, out_dir: str, filename: str) -> str:
+    import matplotlib.pyplot as plt
+
+    figure.tight_layout()
+    figure.savefig(os.path.join(out_dir, filename), dpi=110)
+    plt.close(figure)
+    return filename
