@@ -8,7 +8,9 @@ so the next `publish` into the same base path can tell a leftover from a
 directory another publish is still writing: one owned by a process of this
 host that no longer runs is removed at once; one from another host (a
 shared volume) or without an owner in its name (older static-keras) is
-removed once nothing in it changed for `stale_after_seconds`.
+removed once nothing in it changed for `stale_after_seconds`. Rejected
+versions that `publish` moved out of the way (`rejected-<version>-<time>`)
+are not temporary: nothing here removes them.
 """
 
 from __future__ import annotations

@@ -6,21 +6,29 @@ every version is exported into a non-numeric temporary directory beside the
 versions (same filesystem), loaded and warmed up as the server will, and
 renamed to its number in one step.
 
-Pruning (`keep`) counts only versions that load and warm up: a version the
-server rejects (truncated variables, failing warmup, flipped bytes) is never
-one of the kept, so the newest good version is never removed. Whether a
-version is good is decided by loading it (`serving.servable.load_servable`,
-the development server's load path) and remembered in
-`.static_keras_versions.json` in the base path, keyed by the size and
-modification time of every file in the version: a changed file is checked
-again. Leftover temporary directories of killed publishes are removed first
-(`leftovers.py`).
+The newest integer version always loads. TF Serving's `latest` policy
+serves nothing when the newest version fails to load (after a restart, every
+request gets "Servable not found"), so before the new version becomes
+visible, every version newer than the newest good one is checked, and each
+rejected one (truncated variables, a failing warmup, flipped bytes) is moved
+out of the integer namespace to `rejected-<version>-<UTC time>` beside the
+versions, kept for inspection; TF Serving ignores non-numeric names. Its
+number is never used again. Pruning (`keep`) counts only good versions, so
+the newest good version is never removed; rejected versions met on the way
+are moved out too. Whether a version is good is decided by loading it
+(`serving.servable.load_servable`, the development server's load path) and
+remembered in `.static_keras_versions.json` in the base path, keyed by the
+size and modification time of every file in the version: a changed file is
+checked again. Leftover temporary directories of killed publishes are
+removed first (`leftovers.py`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -37,6 +45,7 @@ from static_keras.export.saved_model import ExportInfo
 from static_keras.export.saved_model import export_saved_model
 
 _VERSION = re.compile(r"^[1-9][0-9]*$")
+_QUARANTINED = re.compile(r"^rejected-(?P<version>[1-9][0-9]*)-")
 VERIFIED_FILENAME = ".static_keras_versions.json"
 logger = logging.getLogger("static_keras.export")
 
@@ -50,6 +59,8 @@ class PublishInfo:
     seconds: float
     rejected_versions: tuple[int, ...] = ()
     removed_leftovers: tuple[str, ...] = ()
+    quarantined_versions: tuple[int, ...] = ()
+    quarantined_paths: tuple[str, ...] = ()  # where each of `quarantined_versions` went
 
 
 def list_versions(model_base_path: str | os.PathLike) -> list[int]:
@@ -62,6 +73,43 @@ def list_versions(model_base_path: str | os.PathLike) -> list[int]:
         for name in os.listdir(base)
         if _VERSION.match(name) and os.path.isdir(os.path.join(base, name))
     )
+
+
+def list_quarantined(model_base_path: str | os.PathLike) -> dict[int, list[str]]:
+    """`{version: [paths]}` of rejected versions moved out of the integer namespace."""
+    base = os.fspath(model_base_path)
+    moved: dict[int, list[str]] = {}
+    for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        match = _QUARANTINED.match(name)
+        if match and os.path.isdir(os.path.join(base, name)):
+            moved.setdefault(int(match["version"]), []).append(os.path.join(base, name))
+    return moved
+
+
+def newest_good_version(model_base_path: str | os.PathLike, *, xla: bool = False) -> int | None:
+    """The newest version under `model_base_path` that loads and warms up, or None.
+
+    Versions are checked from the newest down as `publish` checks them (a
+    version exported with XLA is checked with XLA on), reading and updating
+    the verdicts cached in `.static_keras_versions.json`, so a known-good
+    version is not loaded again. Nothing is moved: the rejected versions
+    newer than the one returned stay where they are until the next publish.
+
+    Args:
+        model_base_path: the directory TF Serving polls.
+        xla: bool. Check every version with XLA enabled, as a server started
+            with `--xla_cpu_compilation_enabled` loads it. Defaults to False.
+
+    Returns:
+        The version number; None when there is none or none loads.
+    """
+    base = os.fspath(model_base_path)
+    if not list_versions(base):
+        return None
+    record = _read_record(base)
+    good, _ = _walk(base, record, xla, 1)
+    _write_record(base, record)
+    return good[0] if good else None
 
 
 def publish(
@@ -82,13 +130,15 @@ def publish(
             `export_saved_model`). An index-only refresh is the same decoder
             wrapped in a `ConstrainedBeamSearch` over the new index.
         model_base_path: the directory TF Serving polls.
-        version: int or None. The version number; defaults to the newest
-            existing version + 1. An existing version is never overwritten.
+        version: int or None. The version number; defaults to one above
+            every version on disk or moved out as rejected. An existing
+            version is never overwritten, a rejected one's number never
+            reused.
         keep: int or None. Good versions kept after publishing: the newest
-            `keep` versions that load and warm up (the new one included),
-            plus every newer version that does not (kept for inspection);
+            `keep` versions that load and warm up (the new one included);
             older ones are removed. Rejected versions never count, so the
-            newest good version always stays. None keeps all. Defaults to 3.
+            newest good version always stays. None keeps all (the versions
+            newer than the newest good one are still checked). Defaults to 3.
         xla: bool. Export jit-compiled functions (see `export_saved_model`).
         check: bool. Run `check_saved_model` on the export, then load it and
             replay its warmup records as the server will, before it becomes
@@ -99,8 +149,17 @@ def publish(
             to one day.
         **export_kwargs: passed on to `export_saved_model`.
 
+    Every version newer than the newest good one, and with `keep` every
+    rejected version among those kept, is moved to
+    `rejected-<version>-<UTC time>` in `model_base_path` and logged at
+    WARNING, before the new version becomes visible: TF Serving and the
+    development server always find a newest version that loads.
+
     Returns:
-        `PublishInfo`.
+        `PublishInfo`: `version`, `path`, `export`, `removed_versions`,
+        `rejected_versions` (the versions found not to load),
+        `quarantined_versions` and `quarantined_paths` (those moved out, and
+        where to), `removed_leftovers`, `seconds`.
     """
     start = time.perf_counter()
     base = os.fspath(model_base_path)
@@ -125,14 +184,18 @@ def publish(
         seconds=time.perf_counter() - start,
         rejected_versions=staged.rejected_versions,
         removed_leftovers=staged.removed_leftovers,
+        quarantined_versions=staged.quarantined_versions,
+        quarantined_paths=staged.quarantined_paths,
     )
 
 
 def new_version(base: str, existing: list[int], version, keep) -> int:
-    """The version to write (default: newest + 1), checked with `keep`: a
-    positive int that no existing directory has (versions are immutable)."""
+    """The version to write (default: one above every version ever seen,
+    rejected ones moved out included), checked with `keep`: a positive int
+    that no existing or rejected directory has (numbers are never reused)."""
+    moved = list_quarantined(base)
     if version is None:
-        version = (existing[-1] + 1) if existing else 1
+        version = max([*existing, *moved, 0]) + 1
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise ValueError(f"`version` must be a positive integer. Received: version={version!r}")
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
@@ -140,6 +203,11 @@ def new_version(base: str, existing: list[int], version, keep) -> int:
     target = os.path.join(base, str(version))
     if os.path.exists(target):
         raise ValueError(f"Version {version} already exists at {target!r}; versions are immutable")
+    if version in moved:
+        raise ValueError(
+            f"Received version={version}, but version {version} was rejected and moved to "
+            f"{moved[version][0]!r}; version numbers are never reused"
+        )
     return version
 
 
@@ -150,6 +218,8 @@ class StagedVersion:
     removed_versions: tuple[int, ...]
     rejected_versions: tuple[int, ...]
     removed_leftovers: tuple[str, ...]
+    quarantined_versions: tuple[int, ...] = ()
+    quarantined_paths: tuple[str, ...] = ()
 
 
 def publish_staged(
@@ -166,10 +236,20 @@ def publish_staged(
     """Makes `version` visible in one rename, after `write(staging)` filled a
     temporary directory beside the versions and (with `check`) it loaded and
     warmed up as the server will; then prunes to `keep` good versions.
-    `what` names the version in the error when it does not load."""
+
+    First, every version newer than the newest good one is moved out of the
+    integer namespace (`rejected-<version>-<UTC time>`), so the newest
+    version loads even if this publish fails; pruning moves out the rejected
+    versions it meets too. `what` names the version in the error when it
+    does not load."""
     leftovers = remove_leftovers(base, stale_after_seconds=stale_after_seconds)
     for name in leftovers:
         logger.info("removed %s: left over by a publish that did not finish", name)
+
+    record = _read_record(base)
+    _, rejected = _walk(base, record, xla, 1)
+    moved = _quarantine(base, rejected, record)
+    _write_record(base, record)
 
     target = os.path.join(base, str(version))
     staging = os.path.join(base, temporary_prefix(str(version)) + uuid.uuid4().hex)
@@ -187,51 +267,117 @@ def publish_staged(
         shutil.rmtree(staging, ignore_errors=True)
     _fsync_dir(base)
 
-    removed, rejected = [], []
+    removed = []
+    if check:
+        record[version] = {"fingerprint": fingerprint, "error": "", "xla": xla}
     if keep is not None:
-        removed, rejected = _prune(base, keep, xla, {version: fingerprint} if check else {})
-    return StagedVersion(target, written, tuple(removed), tuple(rejected), tuple(leftovers))
+        good, rejected_now = _walk(base, record, xla, keep)
+        moved.update(_quarantine(base, rejected_now, record))
+        rejected += rejected_now
+        if len(good) == keep:
+            removed = [v for v in list_versions(base) if v < good[-1] and v != version]
+        for old in removed:
+            shutil.rmtree(os.path.join(base, str(old)))
+    _write_record(base, record)
+    return StagedVersion(
+        target,
+        written,
+        tuple(removed),
+        tuple(sorted(rejected)),
+        tuple(leftovers),
+        tuple(sorted(moved)),
+        tuple(moved[v] for v in sorted(moved)),
+    )
 
 
-def _prune(base: str, keep: int, xla: bool, known_good: dict[int, str]):
-    """Removes versions older than the `keep`-th newest good one."""
-    record_path = os.path.join(base, VERIFIED_FILENAME)
+def _read_record(base: str) -> dict[int, dict]:
     try:
-        with open(record_path) as file:
-            record = {int(k): v for k, v in json.load(file).items()}
+        with open(os.path.join(base, VERIFIED_FILENAME)) as file:
+            return {int(k): v for k, v in json.load(file).items()}
     except (OSError, ValueError, AttributeError):
-        record = {}  # missing or unreadable: versions are checked again
-    record.update({v: {"fingerprint": f, "error": ""} for v, f in known_good.items()})
-    versions = list_versions(base)
-    good, rejected, cut = 0, [], None
-    for position in range(len(versions) - 1, -1, -1):
-        version = versions[position]
-        path = os.path.join(base, str(version))
-        fingerprint = _fingerprint(path)
-        entry = record.get(version)
-        if entry is None or entry.get("fingerprint") != fingerprint:
-            entry = {"fingerprint": fingerprint, "error": _load_error(path, version, xla)}
-            record[version] = entry
-        if entry["error"]:
-            rejected.append(version)
-            continue
-        good += 1
-        if good == keep:
-            cut = position
-            break
-    removed = versions[:cut] if cut is not None else []
-    for old in removed:
-        shutil.rmtree(os.path.join(base, str(old)))
-        record.pop(old, None)
+        return {}  # missing or unreadable: versions are checked again
+
+
+def _write_record(base: str, record: dict[int, dict]) -> None:
+    """Stores the verdicts of the versions present (atomically; a cache: an
+    unwritable base path only means versions are checked again)."""
     present = set(list_versions(base))
-    record = {str(v): e for v, e in sorted(record.items()) if v in present}
+    kept = {v: e for v, e in sorted(record.items()) if v in present}
+    if kept == _read_record(base):
+        return  # unchanged (or nothing to record in an empty base path)
+    kept = {str(v): e for v, e in kept.items()}
     temporary = os.path.join(base, temporary_prefix("record") + uuid.uuid4().hex)
-    with open(temporary, "w") as file:
-        json.dump(record, file, indent=1)
-    os.replace(temporary, record_path)
-    for version in rejected:
-        logger.warning("version %d does not load or warm up; it is not counted in keep", version)
-    return removed, sorted(rejected)
+    try:
+        with open(temporary, "w") as file:
+            json.dump(kept, file, indent=1)
+        os.replace(temporary, os.path.join(base, VERIFIED_FILENAME))
+    except OSError as error:
+        logger.warning("could not write %s in %s: %s", VERIFIED_FILENAME, base, error)
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+
+
+def _walk(base: str, record: dict[int, dict], xla: bool, wanted: int):
+    """`(good, rejected)`: versions from the newest down until `wanted` good ones."""
+    good, rejected = [], []
+    for version in reversed(list_versions(base)):
+        if len(good) == wanted:
+            break
+        (rejected if _verdict(base, version, record, xla) else good).append(version)
+    return good, rejected
+
+
+def _verdict(base: str, version: int, record: dict[int, dict], xla: bool) -> str:
+    """Why the server rejects `version` ("" when it loads), from `record` when
+    the version's files did not change; a fresh verdict is stored there."""
+    path = os.path.join(base, str(version))
+    # A version exported with XLA is for a server started with XLA on.
+    xla = xla or _exported_with_xla(path)
+    fingerprint = _fingerprint(path)
+    entry = record.get(version)
+    if entry is None or entry.get("fingerprint") != fingerprint or entry.get("xla", xla) != xla:
+        entry = {"fingerprint": fingerprint, "error": _load_error(path, version, xla), "xla": xla}
+        record[version] = entry
+    return entry["error"]
+
+
+def _exported_with_xla(path: str) -> bool:
+    from static_keras.export.metadata import read_metadata
+
+    try:
+        return bool(read_metadata(path).get("xla"))
+    except Exception:  # no or unreadable metadata: the version is checked as it is
+        return False
+
+
+def _quarantine(base: str, versions: list[int], record: dict[int, dict]) -> dict[int, str]:
+    """Moves rejected `versions` out of the integer namespace; `{version: new path}`."""
+    moved = {}
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for version in versions:
+        name = f"rejected-{version}-{stamp}"
+        for attempt in itertools.count(2):
+            if not os.path.exists(os.path.join(base, name)):
+                break
+            name = f"rejected-{version}-{stamp}-{attempt}"
+        error = record.get(version, {}).get("error", "")
+        try:
+            os.rename(os.path.join(base, str(version)), os.path.join(base, name))
+        except OSError as rename_error:
+            logger.error(
+                "version %d does not load (%s) and could not be moved out: %s; TF Serving's "
+                "latest policy serves nothing while it is the newest version",
+                version, error, rename_error,
+            )  # fmt: skip
+            continue
+        moved[version] = os.path.join(base, name)
+        logger.warning(
+            "version %d does not load or warm up (%s): moved to %s, out of the versions "
+            "TF Serving sees", version, error, name,
+        )  # fmt: skip
+    if moved:
+        _fsync_dir(base)
+    return moved
 
 
 def _load_error(path: str, version: int, xla: bool) -> str:
@@ -239,12 +385,15 @@ def _load_error(path: str, version: int, xla: bool) -> str:
     # The development server's load path; imported here because serving
     # depends on export, not the other way round.
     from static_keras.serving.servable import load_servable
+    from static_keras.serving.servable import release_memory
 
+    message = ""
     try:
         load_servable(path, version, xla_enabled=xla)
     except Exception as error:  # any load or warmup failure is a rejection
-        return f"{type(error).__name__}: {error}".strip()
-    return ""
+        message = f"{type(error).__name__}: {error}".strip()
+    release_memory()  # the loaded (or half-loaded) version, at 2x10^7 items GBs
+    return message
 
 
 def _fingerprint(path: str) -> str:

@@ -28,8 +28,10 @@ C++ load path is tested separately with `static_keras.serving.cc_loader`).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import socket
 import threading
 import time
 from concurrent import futures
@@ -40,9 +42,36 @@ from static_keras.serving.limits import ServerLimits
 from static_keras.serving.status import ServingFailure
 from static_keras.serving.version_manager import VersionManager
 
-__all__ = ["DevServer", "ServerLimits"]
+__all__ = ["DevServer", "PortUnavailableError", "ServerLimits"]
 
 logger = logging.getLogger("static_keras.serving")
+
+
+class PortUnavailableError(OSError):
+    """A port the development server should listen on is taken (or cannot be
+    bound); its message is one line naming the port and the flag to change."""
+
+    def __init__(self, kind, host, port, flag, argument, error: OSError | None = None):
+        if error is None or error.errno == errno.EADDRINUSE:
+            reason = "is already in use (another server?)"
+        else:
+            reason = f"cannot be bound ({error.strerror or error})"
+        super().__init__(
+            f"{kind} port {port} on {host} {reason}: choose another with {flag} "
+            f"(DevServer: {argument})"
+        )
+        self.errno = errno.EADDRINUSE if error is None else error.errno
+        self.port, self.flag = port, flag
+
+
+def _bind_error(server) -> OSError | None:
+    """Why gRPC could not bind its port: a plain bind of the same address says."""
+    try:
+        probe = socket.create_server((server.host, server._grpc_port))
+    except OSError as error:
+        return error
+    probe.close()
+    return None
 
 
 class DevServer:
@@ -111,6 +140,26 @@ class DevServer:
         return f"http://{self.host}:{self._rest_port}"
 
     def start(self) -> "DevServer":
+        """Binds both ports, loads the models, then serves.
+
+        Raises `PortUnavailableError` (an `OSError`) before any model loads
+        when a port is taken: gRPC's default `SO_REUSEPORT` would otherwise
+        let two servers share one port and split its traffic.
+        """
+        self._bind()
+        try:
+            self.poll()
+        except BaseException:
+            self.stop()
+            raise
+        self._grpc.start()
+        threading.Thread(target=self._http.serve_forever, daemon=True).start()
+        self._poller = threading.Thread(target=self._poll_forever, daemon=True)
+        self._poller.start()
+        logger.info("serving gRPC on %s, REST on %s", self.grpc_address, self.rest_url)
+        return self
+
+    def _bind(self) -> None:
         import grpc
         from tensorflow_serving.apis import model_service_pb2_grpc
         from tensorflow_serving.apis import prediction_service_pb2_grpc
@@ -119,34 +168,47 @@ class DevServer:
         from static_keras.serving.grpc_handlers import PredictionServicer
         from static_keras.serving.rest_handler import make_handler
 
-        self.poll()
-        size = self.limits.max_grpc_message_bytes
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=8),
-            options=[("grpc.max_receive_message_length", size)],
+            options=[
+                ("grpc.max_receive_message_length", self.limits.max_grpc_message_bytes),
+                ("grpc.so_reuseport", 0),  # a port in use is an error, not shared
+            ],
         )
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
             PredictionServicer(self), self._grpc
         )
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(self), self._grpc)
-        self._grpc_port = self._grpc.add_insecure_port(f"{self.host}:{self._grpc_port}")
-        self._grpc.start()
-        self._http = ThreadingHTTPServer((self.host, self._rest_port), make_handler(self))
+        try:  # older grpc versions return 0 on failure, newer ones raise
+            port = self._grpc.add_insecure_port(f"{self.host}:{self._grpc_port}")
+        except RuntimeError:
+            port = 0
+        if not port:
+            self.stop()
+            raise PortUnavailableError(
+                "gRPC", self.host, self._grpc_port, "--port", "grpc_port", _bind_error(self)
+            )
+        self._grpc_port = port
+        try:
+            self._http = ThreadingHTTPServer((self.host, self._rest_port), make_handler(self))
+        except OSError as error:
+            self.stop()
+            raise PortUnavailableError(
+                "REST", self.host, self._rest_port, "--rest_api_port", "rest_port", error
+            ) from None
         self._http.daemon_threads = True
         self._rest_port = self._http.server_address[1]
-        threading.Thread(target=self._http.serve_forever, daemon=True).start()
-        self._poller = threading.Thread(target=self._poll_forever, daemon=True)
-        self._poller.start()
-        logger.info("serving gRPC on %s, REST on %s", self.grpc_address, self.rest_url)
-        return self
 
     def stop(self) -> None:
         self._stop.set()
         if self._http is not None:
-            self._http.shutdown()
+            if self._poller is not None:  # serve_forever runs
+                self._http.shutdown()
             self._http.server_close()
+            self._http = None
         if self._grpc is not None:
             self._grpc.stop(grace=1).wait()
+            self._grpc = None
         if self._poller is not None:
             self._poller.join(timeout=10)
 

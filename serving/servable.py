@@ -16,12 +16,21 @@ otherwise); tensors are fed as they are, with no cast and no shape check:
 graph accepts (the C++ loader runs a `[1, 5]` history on a `[None, 20]`
 signature, and so does this). Errors raised inside the graph keep their
 TensorFlow status code.
+
+`release_memory` is what follows an unload (or a rejected load): a restored
+SavedModel's functions hold reference cycles that keep its variables (the
+index) alive until Python's cycle collector runs, and glibc keeps freed
+pages until asked to return them.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import functools
+import gc
 import os
+import sys
 
 import numpy as np
 
@@ -127,3 +136,28 @@ def load_servable(path: str | os.PathLike, version: int, *, xla_enabled: bool = 
             inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
             servable.run(request.model_spec.signature_name, inputs)
     return servable
+
+
+def release_memory() -> None:
+    """Collects what unloaded versions left in reference cycles, then returns
+    freed heap pages to the system (glibc's `malloc_trim`, where libc has it)."""
+    # Finalizers of restored functions free further cycles: collect again
+    # until a pass finds nothing (a few passes).
+    for _ in range(4):
+        if not gc.collect():
+            break
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        trim = ctypes.CDLL(None).malloc_trim  # glibc; musl has none
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim

@@ -3,7 +3,10 @@
 Mirrors TF Serving's availability-preserving swap: a new version is loaded
 and warmed up (`load_servable`) before the old one is unloaded, so a swap
 never leaves a gap, and a version that fails to load or warm up is rejected
-while the old one keeps serving. Every load, rejection, swap and unload is
+while the old one keeps serving. Where the real server's `latest` policy
+serves nothing because the newest version fails (after a restart), this one
+serves the newest version that loads. An unloaded version's memory is
+returned (`release_memory`). Every load, rejection, swap and unload is
 logged on the `static_keras.serving` logger.
 """
 
@@ -18,13 +21,22 @@ from static_keras.export.publish import list_versions
 from static_keras.serving.config import ServedModel
 from static_keras.serving.servable import Servable
 from static_keras.serving.servable import load_servable
+from static_keras.serving.servable import release_memory
 from static_keras.serving.status import ServingFailure
 
 logger = logging.getLogger("static_keras.serving")
 
 
 class VersionManager:
-    """Loads, serves and unloads the versions of one model."""
+    """Loads, serves and unloads the versions of one model.
+
+    Without specific versions in the config (TF Serving's `latest` policy)
+    it serves the newest version that loads: a newer version that fails
+    leaves the current one serving, and on start, with nothing served yet,
+    it falls back to the next newest, and so on (TF Serving itself serves
+    nothing then; `publish` moves such versions out of the way). A version
+    that failed is tried again only when its directory changes.
+    """
 
     def __init__(self, config: ServedModel, xla_enabled: bool):
         self.config = config
@@ -34,53 +46,86 @@ class VersionManager:
         self._status: dict[int, tuple[str, str]] = {}  # version -> (state, error)
         self._failed: dict[int, float] = {}  # version -> mtime of the failed dir
 
-    def _wanted(self, present: list[int]) -> list[int]:
-        if self.config.versions is None:
-            return present[-1:]
-        return [v for v in self.config.versions if v in present]
-
     def poll(self) -> None:
         """Loads wanted versions that are new on disk, then unloads the others."""
-        name = self.config.name
         present = list_versions(self.config.base_path)
-        wanted = self._wanted(present)
-        for version in wanted:
-            path = os.path.join(self.config.base_path, str(version))
-            if version in self._served:
-                continue
-            mtime = os.path.getmtime(path)
-            if self._failed.get(version) == mtime:
-                continue  # already rejected; retried only if the dir changes
-            self._set_status(version, "LOADING", "")
-            start = time.perf_counter()
-            try:
-                servable = load_servable(path, version, xla_enabled=self.xla_enabled)
-            except Exception as error:  # any load or warmup failure rejects the version
-                self._failed[version] = mtime
-                message = f"{type(error).__name__}: {error}".strip()
-                self._set_status(version, "END", message)
-                logger.warning("model %s version %d rejected: %s", name, version, message)
-                continue
-            with self._lock:
-                self._served[version] = servable
-            self._set_status(version, "AVAILABLE", "")
-            logger.info(
-                "model %s version %d loaded and warmed up in %.1f s: available",
-                name, version, time.perf_counter() - start,
-            )  # fmt: skip
+        if self.config.versions is None:
+            wanted = self._newest_loadable(present)
+        else:
+            wanted = [v for v in self.config.versions if v in present]
+            for version in wanted:
+                self._load(version)
         # Unload only after a wanted version is up: a rejected new version
         # leaves the old one serving.
         if any(v in self._served for v in wanted):
-            for version in sorted(self._served):
-                if version not in wanted:
-                    self._set_status(version, "UNLOADING", "")
-                    with self._lock:
-                        del self._served[version]
-                    self._set_status(version, "END", "")
-                    logger.info(
-                        "model %s version %d unloaded (now serving %s)",
-                        name, version, sorted(self._served),
+            self._unload([v for v in sorted(self._served) if v not in wanted])
+
+    def _newest_loadable(self, present: list[int]) -> list[int]:
+        """`[the newest version that is served or loads]`, trying from the newest down
+        and stopping at the one already served; `[]` when none loads."""
+        rejected = []
+        for version in reversed(present):
+            if version in self._served:
+                return [version]
+            if self._load(version):
+                if rejected:
+                    logger.warning(
+                        "model %s: serving version %d, not the newest: versions %s were rejected",
+                        self.config.name, version, sorted(rejected),
                     )  # fmt: skip
+                return [version]
+            rejected.append(version)
+        return []
+
+    def _load(self, version: int) -> bool:
+        """Whether `version` is served after loading it (if it is not yet)."""
+        if version in self._served:
+            return True
+        name = self.config.name
+        path = os.path.join(self.config.base_path, str(version))
+        try:
+            mtime = os.path.getmtime(path)
+        except OSError:  # removed or moved out since it was listed
+            return False
+        if self._failed.get(version) == mtime:
+            return False  # already rejected; retried only if the dir changes
+        self._set_status(version, "LOADING", "")
+        start = time.perf_counter()
+        servable, message = None, ""
+        try:
+            servable = load_servable(path, version, xla_enabled=self.xla_enabled)
+        except Exception as error:  # any load or warmup failure rejects the version
+            message = f"{type(error).__name__}: {error}".strip()
+        if servable is None:
+            self._failed[version] = mtime
+            release_memory()  # what the failed load left (its traceback is gone now)
+            self._set_status(version, "END", message)
+            logger.warning("model %s version %d rejected: %s", name, version, message)
+            return False
+        with self._lock:
+            self._served[version] = servable
+        self._set_status(version, "AVAILABLE", "")
+        logger.info(
+            "model %s version %d loaded and warmed up in %.1f s: available",
+            name, version, time.perf_counter() - start,
+        )  # fmt: skip
+        return True
+
+    def _unload(self, versions: list[int]) -> None:
+        """Drops every reference to `versions`, then returns their memory."""
+        if not versions:
+            return
+        for version in versions:
+            self._set_status(version, "UNLOADING", "")
+            with self._lock:
+                del self._served[version]
+        release_memory()
+        for version in versions:
+            self._set_status(version, "END", "")
+            logger.info(
+                "model %s version %d unloaded (now serving %s)",
+                self.config.name, version, sorted(self._served),
+            )  # fmt: skip
 
     def _set_status(self, version: int, state: str, error: str) -> None:
         with self._lock:

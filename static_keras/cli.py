@@ -411,8 +411,11 @@ def _cmd_publish(args) -> None:
         model_name=args.model_name,
     )
     removed = f", removed {list(info.removed_versions)}" if info.removed_versions else ""
-    if info.rejected_versions:
-        removed += f"; versions {list(info.rejected_versions)} do not load (kept, not counted)"
+    for version, path in zip(info.quarantined_versions, info.quarantined_paths):
+        removed += f"; version {version} does not load: moved to {path}"
+    stuck = sorted(set(info.rejected_versions) - set(info.quarantined_versions))
+    if stuck:
+        removed += f"; versions {stuck} do not load and could not be moved out"
     if info.removed_leftovers:
         removed += f"; removed leftovers {list(info.removed_leftovers)}"
     print(f"published version {info.version} at {info.path} in {info.seconds:.1f} s{removed}")
@@ -449,6 +452,7 @@ def _cmd_serve_dev(args) -> None:
 
     from static_keras.serving import ServedModel
     from static_keras.serving.dev_server import DevServer
+    from static_keras.serving.dev_server import PortUnavailableError
     from static_keras.serving.limits import ServerLimits
 
     # Version loads, rejections, swaps and unloads are logged at INFO.
@@ -473,7 +477,11 @@ def _cmd_serve_dev(args) -> None:
             read_timeout_seconds=args.read_timeout_seconds,
             max_batch_rows=args.max_batch_rows,
         ),
-    ).start()
+    )
+    try:
+        server.start()  # binds both ports before it loads a model
+    except PortUnavailableError as error:
+        raise UserError(str(error)) from None
     models = [manager.config for manager in server.managers.values()]
     print(
         f"development server (not for production): gRPC {server.grpc_address}, "

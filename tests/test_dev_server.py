@@ -4,6 +4,7 @@ import os
 import shutil
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -208,6 +209,31 @@ def test_broken_versions_are_rejected_while_the_old_one_serves(small_model, tmp_
             answer = client.predict("recs", {"history": batch})
             assert answer["model_version"] == 1
             assert index.contains(answer["tokens"].reshape(-1, 4)).all()
+
+
+def test_an_unloaded_version_is_freed(small_model, tmp_path):
+    _, model = small_model
+    base = tmp_path / "recs"
+    publish(model, base, warmup_batch_sizes=(1,))
+    with DevServer([ServedModel("recs", str(base))], poll_seconds=0.05) as server:
+        manager = server.manager("recs")
+        with GrpcClient(server.grpc_address) as client:
+            assert client.predict("recs", {"history": histories(1)})["model_version"] == 1
+        old = manager.resolve(None, None)
+        # The variables' handles its functions capture: the index's memory.
+        handles = old.signatures["serving_default"].captured_inputs
+        refs = [weakref.ref(old), weakref.ref(old.loaded)] + [weakref.ref(h) for h in handles]
+        del old, handles
+        publish(model, base, warmup_batch_sizes=(1,))
+        server.wait_for_version("recs", 2)
+        deadline = time.monotonic() + 60
+        while manager.status(1, None)[0][1] != "END" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # Unloading drops every reference and collects the cycles TensorFlow's
+        # restored functions hold (they keep the variables alive), so the
+        # version's memory can be returned.
+        assert manager.status(1, None)[0][1] == "END"
+        assert len(refs) > 10 and [ref for ref in refs if ref() is not None] == []
 
 
 def test_xla_versions_rejected_unless_enabled(small_model, tmp_path):

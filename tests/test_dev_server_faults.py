@@ -172,3 +172,75 @@ def test_limits_are_checked():
         ServerLimits(max_body_bytes=0)
     with pytest.raises(ValueError, match="`max_batch_rows` must be >= 0"):
         ServerLimits(max_batch_rows=-1)
+
+
+@pytest.fixture(scope="module")
+def published(small_model, tmp_path_factory):
+    _, model = small_model
+    base = tmp_path_factory.mktemp("ports") / "recs"
+    publish(model, base, warmup_batch_sizes=(1,))
+    return base
+
+
+def busy_grpc_port():
+    """A gRPC server with gRPC's default options (SO_REUSEPORT on), as a second
+    static-keras or any other gRPC server holds its port."""
+    from concurrent import futures
+
+    import grpc
+
+    holder = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = holder.add_insecure_port("127.0.0.1:0")
+    holder.start()
+    return holder, port
+
+
+def test_busy_ports_are_refused_before_any_model_loads(published):
+    from static_keras.serving.dev_server import PortUnavailableError
+
+    holder, grpc_port = busy_grpc_port()
+    rest_holder = socket.create_server(("127.0.0.1", 0))
+    rest_port = rest_holder.getsockname()[1]
+    try:
+        for kwargs, message in (
+            ({"grpc_port": grpc_port}, f"gRPC port {grpc_port} .* --port"),
+            ({"rest_port": rest_port}, f"REST port {rest_port} .* --rest_api_port"),
+        ):
+            server = DevServer([ServedModel("recs", str(published))], **kwargs)
+            with pytest.raises(PortUnavailableError, match=message) as raised:
+                server.start()
+            assert isinstance(raised.value, OSError) and "\n" not in str(raised.value)
+            assert server.manager("recs").status(None, None) == []  # nothing loaded
+            server.stop()
+        # Both ports are free again once refused: nothing was left bound.
+        with DevServer([ServedModel("recs", str(published))]) as running:
+            assert running.manager("recs").resolve(None, None).version == 1
+    finally:
+        holder.stop(None)
+        rest_holder.close()
+
+
+@pytest.mark.parametrize("busy", ["--port", "--rest_api_port"])
+def test_serve_dev_refuses_a_busy_port_in_one_line(published, busy):
+    import subprocess
+    import sys
+
+    holder, grpc_port = busy_grpc_port()
+    rest_holder = socket.create_server(("127.0.0.1", 0))
+    ports = {"--port": grpc_port, "--rest_api_port": rest_holder.getsockname()[1]}
+    free = {"--port": "0", "--rest_api_port": "0", busy: str(ports[busy])}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "static_keras.cli", "serve-dev", "--model_name", "recs",
+             "--model_base_path", str(published), "--run-seconds", "5",
+             *(item for flag, port in free.items() for item in (flag, port))],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        holder.stop(None)
+        rest_holder.close()
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "loaded and warmed up" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("static-keras: error: ") and f"port {ports[busy]}" in last
+    assert last.endswith(busy) or f"{busy} " in last or f"{busy})" in last, last

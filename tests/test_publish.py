@@ -133,14 +133,19 @@ def test_keep_never_removes_the_newest_good_version(small_model, tmp_path):
     # The case: {1..6} on disk, 3 served, 4-6 rejected; publish 7.
     info = publish(model, base, keep=3, warmup_batch_sizes=(1,))
     assert info.version == 7
-    assert info.rejected_versions == (4, 5, 6)
+    assert info.rejected_versions == info.quarantined_versions == (4, 5, 6)
+    assert [os.path.basename(p)[:11] for p in info.quarantined_paths] == [
+        "rejected-4-", "rejected-5-", "rejected-6-"
+    ]  # fmt: skip
     assert info.removed_versions == (1,)
-    assert list_versions(base) == [2, 3, 4, 5, 6, 7]
-    # keep=1: the new version is the newest good one; nothing older is needed.
+    assert list_versions(base) == [2, 3, 7]
+    # A rejected version between good ones is moved out too.
     _rejected_copy(base, 7, 8, "truncated")
-    info = publish(model, base, keep=2, warmup_batch_sizes=(1,))
-    assert info.rejected_versions == (8,)
-    assert list_versions(base) == [7, 8, 9]  # 7 is the second good version
+    shutil.copytree(base / "7", base / "9")
+    info = publish(model, base, keep=3, warmup_batch_sizes=(1,))
+    assert info.version == 10 and info.quarantined_versions == (8,)
+    assert info.removed_versions == (2, 3)
+    assert list_versions(base) == [7, 9, 10]  # 7 is the third good version
 
 
 def test_a_version_that_fails_warmup_is_never_published(small_model, tmp_path):
