@@ -107,9 +107,9 @@ def _plots(out_dir: str, results: dict) -> list[str]:
     figure, (real, eligible) = plt.subplots(1, 2, figsize=(8.4, 3.6))
     invalid = [100 * (1 - row["valid"]) for row in rows]
     stale = [100 * (1 - row["eligible"]) for row in rows]
-    bars(real, invalid, [f"{v:.1f}%" for v in invalid])
+    bars(real, invalid, [_percent(v) for v in invalid])
     real.set_title("not a catalogue item", fontsize=10)
-    bars(eligible, stale, [f"{v:.1f}%" for v in stale])
+    bars(eligible, stale, [_percent(v) for v in stale])
     eligible.set_title(f"not {fresh}", fontsize=10)
     real.set_ylabel("% of returned results")
     figure.suptitle("Results that break the rule (lower is better)")
@@ -146,6 +146,11 @@ def _plots(out_dir: str, results: dict) -> list[str]:
     )
     files.append(_save(figure, out_dir, "latency.png"))
     return files
+
+
+def _percent(value: float) -> str:
+    """A bar's label: two decimals below 1% (0.45%, not 0.4%), else one."""
+    return f"{value:.2f}%" if 0 < value < 1 else f"{value:.1f}%"
 
 
 def _save(figure, out_dir: str, filename: str) -> str:
