@@ -14,10 +14,11 @@ variables and a binary search) and checks the set ids, so a client sends the
 same item ids the business rules speak in.
 
 `refresh_eligibility` publishes a new version of a served model where only
-the eligibility variables differ: the graph, the decoder and index weights and
-the warmup records are copied, the checkpoint is rewritten with the new set
-bits, and the version is checked and renamed into place like `publish`. That
-is seconds where a re-export retraces the whole model.
+the eligibility variables differ: the graph and the warmup records are
+copied, the checkpoint links the source's data shards and writes only the
+new set tensors (`checkpoint_patch`), the result is read back, and the
+version is renamed into place like `publish`. That is seconds where a
+re-export retraces the whole model and rewrites the whole index.
 """
 
 from __future__ import annotations
@@ -207,9 +208,19 @@ def refresh_eligibility(
         eligibility_sets: an `EligibilitySets` over the served index (same
             names, same catalogue), or `{name: item ids}` for the sets to
             rebuild (the others keep their current members).
-        source_version: the version to copy; defaults to the newest.
-        version: the new version number; defaults to the newest + 1.
-        keep, check, stale_after_seconds: as in `publish`.
+        source_version: the version to copy; defaults to the newest that
+            loads (`newest_good_version`: a rejected newer one is moved out
+            of the integer namespace, as `publish` does).
+        version: the new version number; defaults to one above every
+            version (as in `publish`).
+        keep, stale_after_seconds: as in `publish`.
+        check: bool. Read the new checkpoint back with TensorFlow's reader
+            (every tensor's checksum, the new values) before the version
+            becomes visible. The graph, the warmup records and every other
+            tensor are the source version's bytes, and the source loaded and
+            warmed up, so the job does not load the refreshed version again:
+            the server's load is the only one (a server that rejects it
+            keeps the old version serving). Defaults to True.
 
     Returns:
         `EligibilityRefreshInfo`.
@@ -224,7 +235,12 @@ def refresh_eligibility(
     if not existing:
         raise ValueError(f"No versions under {base!r} to refresh")
     if source_version is None:
-        source_version = existing[-1]
+        source_version = publish_module.newest_good_version(base)
+        if source_version is None:
+            raise ValueError(
+                f"No version under {base!r} loads (versions: {existing}): publish a good "
+                "version before refreshing its sets"
+            )
     if source_version not in existing:
         raise ValueError(f"No version {source_version} under {base!r} (versions: {existing})")
     version = publish_module.new_version(base, existing, version, keep)
@@ -259,7 +275,8 @@ def refresh_eligibility(
         write,
         keep=keep,
         xla=bool(metadata.get("xla")),
-        check=check,
+        check=False,
+        verified=check,
         stale_after_seconds=stale_after_seconds,
         what="The refreshed version",
     )

@@ -232,10 +232,15 @@ def publish_staged(
     check: bool,
     stale_after_seconds: float,
     what: str,
+    verified: bool = False,
 ) -> StagedVersion:
     """Makes `version` visible in one rename, after `write(staging)` filled a
     temporary directory beside the versions and (with `check`) it loaded and
     warmed up as the server will; then prunes to `keep` good versions.
+    `verified`: `write` checked the version itself (an eligibility refresh:
+    a good version's graph and tensors with new set values, read back), so
+    it is recorded as good without a load here; the server's load is the
+    only one.
 
     First, every version newer than the newest good one is moved out of the
     integer namespace (`rejected-<version>-<UTC time>`), so the newest
@@ -255,7 +260,7 @@ def publish_staged(
     staging = os.path.join(base, temporary_prefix(str(version)) + uuid.uuid4().hex)
     try:
         written = write(staging)
-        if check:
+        if check and not verified:
             check_saved_model(staging, xla_enabled=xla)
             error = _load_error(staging, version, xla)
             if error:
@@ -268,7 +273,7 @@ def publish_staged(
     _fsync_dir(base)
 
     removed = []
-    if check:
+    if check or verified:
         record[version] = {"fingerprint": fingerprint, "error": "", "xla": xla}
     if keep is not None:
         good, rejected_now = _walk(base, record, xla, keep)

@@ -6,6 +6,7 @@ integer namespace, and the development server serves the newest version that
 loads when it starts.
 """
 
+import importlib
 import json
 import logging
 import os
@@ -117,3 +118,61 @@ def test_newest_good_version_uses_the_verified_record(small_model, tmp_path):
     assert newest_good_version(base) == 1
     os.utime(data)  # a changed file is checked again
     assert newest_good_version(base) is None
+
+
+def test_refresh_starts_from_the_newest_good_version_and_loads_nothing_new(tmp_path, monkeypatch):
+    """A truncated newest version is moved out, not copied; the refresh is
+    read back, and the server's load of it is the only one."""
+    import keras
+    from conftest import CONTEXT_VOCAB
+    from conftest import HISTORY
+    from conftest import make_index
+
+    from static_keras import CachedTransformerDecoder
+    from static_keras import ConstrainedBeamSearch
+    from static_keras import ConstrainedDecoding
+    from static_keras.export import read_eligibility
+    from static_keras.export import refresh_eligibility
+    from static_keras.index.eligibility import EligibilitySets
+    from static_keras.index.member_catalogue import MemberCatalogue
+    from static_keras.serving.servable import load_servable
+
+    publish_module = importlib.import_module("static_keras.export.publish")
+    index = make_index(2)
+    ids = MemberCatalogue.from_index(index).item_ids
+    keras.utils.set_random_seed(0)
+    decoder = CachedTransformerDecoder(
+        index.vocab_size, index.length, context_vocab_size=CONTEXT_VOCAB, hidden_dim=16
+    )
+    layer = ConstrainedDecoding(
+        index, eligibility=EligibilitySets.build(index, {"in_stock": ids[::2]}), name="constraint"
+    )
+    search = ConstrainedBeamSearch(constraint=layer, decoder=decoder, beam_size=4)
+    history = keras.Input((HISTORY,), dtype="int32", name="history")
+    model = keras.Model(history, search(history))
+    base = tmp_path / "recs"
+    publish(model, base, **WARMUP)
+    truncated_copy(base, 1, 2)
+
+    loaded = []
+    real_load_error = publish_module._load_error
+    monkeypatch.setattr(
+        publish_module,
+        "_load_error",
+        lambda path, version, xla: loaded.append(version) or real_load_error(path, version, xla),
+    )
+    info = refresh_eligibility(base, {"in_stock": ids[:7]})
+    assert info.source_version == 1 and info.version == 3
+    assert list_versions(base) == [1, 3] and [q.split("-")[1] for q in quarantined(base)] == ["2"]
+    assert 3 not in loaded  # version 2 was loaded (and rejected); the refresh was read back
+    assert read_eligibility(info.path).sizes() == {"in_stock": 7}
+    assert newest_good_version(base) == 3  # recorded good without a load
+    assert 3 not in loaded
+    servable = load_servable(info.path, 3)  # what the server does: it loads and warms up
+    out = servable.run(
+        "serving_eligible",
+        {"history": histories(2), "set_id": np.zeros(2, np.int32),
+         "excluded_item_ids": np.full((2, 1), -1, np.int64)},
+    )  # fmt: skip
+    found = out["item_ids"]
+    assert np.isin(found[found >= 0], ids[:7]).all()
