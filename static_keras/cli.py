@@ -367,18 +367,56 @@ def _load_model(path: str):
     return saving.load_model(path)
 
 
-def _model_with_index(args):
+def _model_with_index(args, model_base_path=None):
+    """The model, over `--index` when given. Its eligibility sets come with
+    it: those of the newest good version under `model_base_path` (the rules
+    live in the served version; refreshes never touch the .keras file), or
+    else the model's own, carried over to the new index by item id."""
     from static_keras.export import replace_index
+    from static_keras.export.model_layers import beam_searches
 
     # The index first: a wrong --index fails in a moment, not after the model loads.
     index = _load_index(args.index) if args.index else None
     model = _load_model(args.model)
-    if index is not None:
-        try:
-            model = replace_index(model, index)
-        except ValueError as error:
-            raise UserError(str(error)) from None
+    if index is None:
+        return model
+    searches = beam_searches(model)
+    constraint = searches[0].constraint if len(searches) == 1 else None
+    sets, source = None, "the model"
+    if constraint is not None and constraint.num_eligibility_sets:
+        served = _served_sets(model_base_path)
+        if served is not None:
+            source, sets = f"version {served[0]}", served[1]
+        else:
+            sets = constraint.eligibility_sets()
+    try:
+        carried = None if sets is None else sets.carried_over(index)
+        model = replace_index(model, index, eligibility=carried)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    if carried is not None:
+        before, after = sets.sizes(), carried.sizes()
+        counts = ", ".join(f"{name} {before[name]:,} -> {after[name]:,}" for name in carried.names)
+        print(f"eligibility sets of {source} carried over to the new index by item id: {counts}")
     return model
+
+
+def _served_sets(model_base_path):
+    """`(version, EligibilitySets)` of the newest good version under
+    `model_base_path` that holds sets, or None."""
+    if not model_base_path or not os.path.isdir(model_base_path):
+        return None
+    from static_keras.export import read_eligibility
+    from static_keras.export import read_metadata
+    from static_keras.export.publish import newest_good_version
+
+    version = newest_good_version(model_base_path)
+    if version is None:
+        return None
+    path = os.path.join(model_base_path, str(version))
+    if not read_metadata(path).get("eligibility"):
+        return None
+    return version, read_eligibility(path)
 
 
 def _cmd_export(args) -> None:
@@ -402,7 +440,7 @@ def _cmd_publish(args) -> None:
     from static_keras.export import publish
 
     info = publish(
-        _model_with_index(args),
+        _model_with_index(args, args.model_base_path),
         args.model_base_path,
         version=args.version,
         keep=args.keep,

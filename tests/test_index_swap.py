@@ -223,3 +223,38 @@ def test_good_eligibility_inputs_still_run():
     out = search(histories(3), set_ids=np.array([0, 1, -1], np.int64))
     found = np.asarray(out["item_ids"])
     assert np.isin(found[0][found[0] >= 0], np.arange(10, 30)).all()
+
+
+def test_the_cli_swap_keeps_the_served_rules(capsys, tmp_path):
+    """`publish --index` on a model with sets: the new version keeps
+    `serving_eligible`, with the rules of the served version (refreshed
+    since the .keras file was saved) carried over by item id."""
+    from static_keras.cli import main
+
+    old_ids = 10**9 + 2 * np.arange(120)
+    old = _index(0, old_ids)
+    model = _model(old, EligibilitySets.build(old, {"in_stock": old_ids[:60]}))
+    model.save(tmp_path / "model.keras")
+    base = tmp_path / "recs"
+    assert main(["publish", str(tmp_path / "model.keras"), "--model-base-path", str(base),
+                 "--warmup-batch-sizes", "1"]) == 0  # fmt: skip
+    assert main(["refresh-eligibility", "--model-base-path", str(base)] + _set_file(
+        tmp_path, "in_stock", old_ids[100:])) == 0  # fmt: skip
+    new_ids = np.concatenate([old_ids[10:], 7 * 10**9 + np.arange(5)])
+    _index(1, new_ids).save(tmp_path / "fresh.npz")
+    capsys.readouterr()
+    code = main(["publish", str(tmp_path / "model.keras"), "--model-base-path", str(base),
+                 "--index", str(tmp_path / "fresh.npz"), "--warmup-batch-sizes", "1"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "published version 3" in out
+    assert "eligibility sets of version 2 carried over" in out and "in_stock 20 -> 20" in out
+    served = read_eligibility(base / "3")
+    catalogue = MemberCatalogue.from_index(_index(1, new_ids))
+    eligible = catalogue.item_ids[served.contains(0, np.arange(catalogue.num_members))]
+    assert sorted(eligible.tolist()) == sorted(old_ids[100:].tolist())
+    assert ELIGIBLE_SIGNATURE in tf.saved_model.load(str(base / "3")).signatures
+
+
+def _set_file(tmp_path, name, ids) -> list[str]:
+    np.save(tmp_path / f"{name}.npy", np.asarray(ids))
+    return ["--set", f"{name}={tmp_path / f'{name}.npy'}"]
