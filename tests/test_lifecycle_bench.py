@@ -1,0 +1,89 @@
+"""The production-lifecycle benchmark runs end to end (correctness, no timing).
+
+`benchmarks/lifecycle.py` at a small N in a subprocess: every stage is in
+the CSV, the swaps under load lose no request, answer only from the old or
+the new version, never return an item the answering version may not return,
+and a catalogue change keeps the eligibility sets. Its data helpers are
+checked directly (fast).
+"""
+
+import csv
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
+from benchmarks import lifecycle  # noqa: E402
+
+STAGES = {
+    "data", "index_build", "eligibility_build", "model_build", "publish_v1", "cc_load",
+    "server_start", "predict_default_b1", "predict_default_b32", "predict_eligible_b1",
+    "predict_eligible_b32", "server_rss_one_version",
+    "rules_change", "rules_change.replace", "rules_change.job_import",
+    "rules_change.refresh_eligibility", "rules_change.job", "rules_change.server_load",
+    "rules_change.pickup", "rules_change.server_rss_after",
+    "catalogue_change", "catalogue_change.job_import", "catalogue_change.model_load",
+    "catalogue_change.index_build", "catalogue_change.replace_index",
+    "catalogue_change.publish", "catalogue_change.job", "catalogue_change.server_load",
+    "catalogue_change.pickup", "catalogue_change.eligibility_kept",
+    "catalogue_change.server_rss_after",
+}  # fmt: skip
+SWAPS = ("rules_change", "catalogue_change")
+
+
+def test_distinct_ids_are_distinct_and_avoid_taken_rows():
+    ids, keys = lifecycle.distinct_ids(5000, seed=3)
+    assert ids.shape == (5000, lifecycle.LENGTH) and ids.max() < lifecycle.VOCAB
+    assert len(np.unique(ids, axis=0)) == 5000
+    assert len(np.unique(keys)) == 5000
+    # The leading rows do not depend on N (chunked draws, as the other benchmarks).
+    np.testing.assert_array_equal(lifecycle.distinct_ids(100, seed=3)[0], ids[:100])
+    new, new_keys = lifecycle.distinct_ids(300, seed=4, taken=np.sort(keys))
+    assert not np.isin(new_keys, keys).any()
+    rows = {tuple(row) for row in ids.tolist()}
+    assert not any(tuple(row) in rows for row in new.tolist())
+
+
+def test_row_keys_distinguish_rows_that_fit_in_64_bits():
+    ids = np.array([[1, 2, 3], [1, 2, 4], [1, 2, 3]], np.uint16)
+    keys = lifecycle.row_keys(ids, 16)  # 3 x 4 bits: the key is the whole row
+    assert keys[0] == keys[2] != keys[1]
+
+
+def test_sizes_parse_commas_and_exponents():
+    assert lifecycle.parse_sizes(["1e5,1e6", "2e7"]) == [100_000, 1_000_000, 20_000_000]
+
+
+@pytest.mark.slow  # about a minute and a half: a server, two jobs, three publishes
+def test_lifecycle_benchmark_runs_clean(tmp_path):
+    out = tmp_path / "lifecycle.csv"
+    command = [sys.executable, os.path.join(_REPO, "benchmarks", "lifecycle.py"),
+               "--sizes", "2e4", "--no-cc", "--requests", "5", "--csv", str(out),
+               "--workdir", str(tmp_path)]  # fmt: skip
+    env = dict(os.environ, KERAS_BACKEND="tensorflow")
+    result = subprocess.run(command, capture_output=True, text=True, cwd=_REPO, env=env,
+                            timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with open(out, newline="") as file:
+        rows = {row["stage"]: row for row in csv.DictReader(file)}
+    assert STAGES <= set(rows), sorted(STAGES - set(rows))
+    failed = {stage: row["notes"] for stage, row in rows.items() if row["status"] == "FAIL"}
+    assert failed == {}
+    for stage in SWAPS:
+        row = rows[stage]
+        assert int(row["requests"]) > 0, row
+        assert int(row["failed"]) == 0, row["notes"]
+        assert int(row["unexpected_versions"]) == 0, row["notes"]
+        assert int(row["wrong_items"]) == 0, row["notes"]
+        assert float(row["seconds"]) > 0  # the new version answered
+        assert float(rows[f"{stage}.server_rss_after"]["peak_rss_mib"]) > 0
+    assert rows["catalogue_change.eligibility_kept"]["status"] == "ok"
+    for stage in ("predict_default_b1", "predict_eligible_b32"):
+        assert float(rows[stage]["p90_ms"]) >= float(rows[stage]["p50_ms"]) > 0
+    assert rows["cc_load"]["status"] == "skipped"
