@@ -35,8 +35,10 @@ Per catalogue size N (each in its own process, so peak RSS is its own):
   every restricted request to it fails, and is counted).
 
 During each swap, `--load-threads` (at least 3) client threads send Predict
-requests back to back (`--load-pause-ms` between two) with `serving_default`
-at batch 1 and `serving_eligible` at batch 1 and 32; the swap's row counts
+requests continuously, one in flight per thread and `--load-pause-ms`
+(default 50: a 2-core machine's server is busy, not saturated) between two,
+with `serving_default` at batch 1 and `serving_eligible` at batch 1 and 32
+(round robin over the threads). The swap's row counts
 answers, failed requests, the longest request, answers from versions other
 than the old and the new one, and answers holding an item the answering
 version may not return (outside its catalogue, its "in_stock" set, or
@@ -311,7 +313,7 @@ class Requests:
 
 
 class Load:
-    """Client threads sending Predict requests back to back during a swap.
+    """Client threads sending Predict requests continuously during a swap.
 
     Answers are kept (version, signature, items) and checked after the job
     has said which version it published (`finish`)."""
@@ -868,7 +870,10 @@ def job_main(args) -> None:
             lambda: publish(
                 new_model, args.base, warmup_batch_sizes=WARMUP_BATCHES, model_name=MODEL
             ),
-            "export + check + load + warmup + rename",
+        )
+        report["publish_s_notes"] = (
+            f"export {info.export.seconds:.1f} s, then check + load + warmup in the job "
+            "(the server loads it again) + rename"
         )
         report["version"] = info.version
         report["eligibility_sets"] = read_metadata(info.path).get("eligibility_sets")
@@ -913,8 +918,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--load-pause-ms",
         type=float,
-        default=20.0,
-        help="pause of a load thread between two requests (default 20)",
+        default=50.0,
+        help="pause of a load thread between two requests (default 50)",
     )
     parser.add_argument("--no-cc", action="store_true", help="skip the C++ LoadSavedModel stage")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per wait")
