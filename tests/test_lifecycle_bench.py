@@ -56,6 +56,21 @@ def test_row_keys_distinguish_rows_that_fit_in_64_bits():
     assert keys[0] == keys[2] != keys[1]
 
 
+def test_wrong_items_counts_what_the_version_may_not_return():
+    rng = np.random.default_rng(0)
+    catalogue = np.arange(100, 200, dtype=np.int64)
+    in_stock = catalogue[::2]
+    requests = lifecycle.Requests(rng, in_stock)
+    requests.allowed[7] = (catalogue, in_stock)
+    excluded = requests.excluded[0, 0]
+    answer = np.array([[in_stock[1] if in_stock[1] != excluded else in_stock[2], 101, 999,
+                        excluded, -1]])  # fmt: skip
+    assert requests.wrong_items(7, "serving_default", answer) == 1  # 999: not in the catalogue
+    # 101 is out of stock, 999 unknown, `excluded` excluded; -1 is padding.
+    assert requests.wrong_items(7, "serving_eligible", answer) == 3
+    assert requests.wrong_items(8, "serving_default", answer) == 0  # unknown version: not checked
+
+
 def test_sizes_parse_commas_and_exponents():
     assert lifecycle.parse_sizes(["1e5,1e6", "2e7"]) == [100_000, 1_000_000, 20_000_000]
 
