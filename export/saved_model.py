@@ -223,7 +223,9 @@ def export_saved_model(
 
     concrete = serve.get_concrete_function()
     output_names = tuple(sorted(concrete.structured_outputs))
-    module.serve = serve
+    # Served through `signatures` only: a tf.function attribute on the module
+    # would be listed for serialization, which traced it again (about half
+    # the export's time).
     signatures = {SIGNATURE: concrete}
     eligible_search = eligible.eligible_search(model)
     if eligible_search is not None:
@@ -352,5 +354,4 @@ def _eligible_function(model, module, search, specs, ranges, xla):
     if not taken:
         return None  # the model feeds the search its own set ids (model inputs)
     setattr(module, eligible.TABLES_ATTRIBUTE, tables)
-    module.serve_eligible = serve_eligible
     return concrete
