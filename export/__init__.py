@@ -1,25 +1,35 @@
 """SavedModel export of a decoding model plus its index (`static_keras.export`).
 
 Depends on TensorFlow (and `tensorflow-serving-api` for warmup records); the
-core package never imports it.
+core package never imports it. The names that need TensorFlow or Keras load
+on first use (PEP 562): publishing bookkeeping and an eligibility refresh
+(`refresh_eligibility`, `read_eligibility`, `read_metadata`,
+`list_versions`, `newest_good_version`) run without importing either.
 """
 
 from static_keras.export.check import CheckReport
 from static_keras.export.check import SavedModelCheckError
 from static_keras.export.check import check_saved_model
-from static_keras.export.eligibility import ELIGIBLE_SIGNATURE
-from static_keras.export.eligibility import EligibilityRefreshInfo
-from static_keras.export.eligibility import read_eligibility
-from static_keras.export.eligibility import refresh_eligibility
+from static_keras.export.eligibility_refresh import EligibilityRefreshInfo
+from static_keras.export.eligibility_refresh import read_eligibility
+from static_keras.export.eligibility_refresh import refresh_eligibility
 from static_keras.export.metadata import index_from_layer
 from static_keras.export.metadata import read_metadata
 from static_keras.export.publish import PublishInfo
 from static_keras.export.publish import list_versions
+from static_keras.export.publish import newest_good_version
 from static_keras.export.publish import publish
-from static_keras.export.refresh import replace_index
-from static_keras.export.saved_model import ExportInfo
-from static_keras.export.saved_model import export_saved_model
+from static_keras.lazy_names import lazy_names
 
+# name -> the module that defines it (TensorFlow or Keras on import)
+_LAZY = {
+    "ELIGIBLE_SIGNATURE": "static_keras.export.eligibility",
+    "replace_index": "static_keras.export.refresh",
+    "ExportInfo": "static_keras.export.saved_model",
+    "export_saved_model": "static_keras.export.saved_model",
+}
+
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
 __all__ = [
     "CheckReport",
     "ELIGIBLE_SIGNATURE",
@@ -31,6 +41,7 @@ __all__ = [
     "export_saved_model",
     "index_from_layer",
     "list_versions",
+    "newest_good_version",
     "publish",
     "read_eligibility",
     "read_metadata",

@@ -44,69 +44,101 @@ def replace_tensors(
     links); the replaced values form one new shard. Returns the bytes
     written (the new shard and the index).
     """
-    from tensorflow.core.protobuf import tensor_bundle_pb2
-
-    entries = _read_table(_read(source_prefix + ".index"))
-    if not entries or entries[0][0] != b"":
-        raise ValueError(f"{source_prefix}.index has no bundle header")
-    header = tensor_bundle_pb2.BundleHeaderProto.FromString(entries[0][1])
-    if header.endianness != tensor_bundle_pb2.BundleHeaderProto.LITTLE:
-        raise ValueError(f"{source_prefix}: only little-endian checkpoints are supported")
-    parsed = {
-        key: tensor_bundle_pb2.BundleEntryProto.FromString(value) for key, value in entries[1:]
-    }
-    missing = sorted(set(tensors) - {key.decode() for key in parsed})
+    header, entries = _read_index(source_prefix)
+    missing = sorted(set(tensors) - set(entries))
     if missing:
         raise ValueError(f"{source_prefix} has no tensors {missing}")
 
     # The replaced values, in key order, as one new shard.
     chunks, offset = [], 0
     for key in sorted(tensors):
-        entry = parsed[key.encode()]
+        entry = entries[key]
         data = _tensor_bytes(key, entry, tensors[key])
-        entry.offset, entry.size = offset, len(data)
-        entry.crc32c = _masked_crc(data)
-        entry.shard_id = -1  # numbered below
+        entry.update(offset=offset, size=len(data), crc32c=_masked_crc(data), shard_id=-1)
         chunks.append(data)
         offset += len(data)
 
     # Shards some unchanged tensor still reads keep their order; the new one goes last.
-    kept = sorted({e.shard_id for e in parsed.values() if e.shard_id >= 0})
+    kept = sorted({e["shard_id"] for e in entries.values() if e["shard_id"] >= 0})
     renumber = {old: new for new, old in enumerate(kept)}
     shards = len(kept) + 1
-    for entry in parsed.values():
-        entry.shard_id = renumber.get(entry.shard_id, shards - 1)
+    for entry in entries.values():
+        entry["shard_id"] = renumber.get(entry["shard_id"], shards - 1)
     for old, new in renumber.items():
         _link_or_copy(
-            _shard(source_prefix, old, header.num_shards), _shard(target_prefix, new, shards)
+            _shard(source_prefix, old, header["num_shards"]), _shard(target_prefix, new, shards)
         )
     with open(_shard(target_prefix, shards - 1, shards), "wb") as file:
         for data in chunks:
             file.write(data)
-    header.num_shards = shards
+    header["num_shards"] = shards
     table = _table(
-        [(b"", header.SerializeToString())]
-        + [(key, parsed[key].SerializeToString()) for key, _ in entries[1:]]
+        [(b"", _header_bytes(header))]
+        + [(key.encode(), _entry_bytes(entry)) for key, entry in entries.items()]
     )
     with open(target_prefix + ".index", "wb") as file:
         file.write(table)
     return offset + len(table)
 
 
-def _tensor_bytes(key: str, entry, value) -> bytes:
-    import tensorflow as tf
+def read_tensors(prefix: str, keys) -> dict[str, np.ndarray]:
+    """The tensors `keys` of checkpoint `prefix` (read-only arrays), each
+    checked against its stored CRC-32C as TensorFlow's reader checks it."""
+    header, entries = _read_index(prefix)
+    out = {}
+    for key in keys:
+        entry = entries.get(key)
+        if entry is None:
+            raise ValueError(f"{prefix} has no tensor {key!r}")
+        dtype = _numpy_dtype(key, entry)
+        with open(_shard(prefix, entry["shard_id"], header["num_shards"]), "rb") as file:
+            file.seek(entry["offset"])
+            data = file.read(entry["size"])
+        if len(data) != entry["size"] or _masked_crc(data) != entry["crc32c"]:
+            raise ValueError(f"{prefix}: tensor {key!r} does not match its checksum (corrupt)")
+        out[key] = np.frombuffer(data, dtype).reshape(entry["shape"])
+    return out
 
-    dtype = tf.dtypes.as_dtype(entry.dtype)
-    shape = tuple(d.size for d in entry.shape.dim)
+
+def tensor_specs(prefix: str) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """`{key: (TensorFlow DataType number, shape)}` of every tensor."""
+    _, entries = _read_index(prefix)
+    return {key: (entry["dtype"], entry["shape"]) for key, entry in entries.items()}
+
+
+def _read_index(prefix: str) -> tuple[dict, dict[str, dict]]:
+    entries = _read_table(_read(prefix + ".index"))
+    if not entries or entries[0][0] != b"":
+        raise ValueError(f"{prefix}.index has no bundle header")
+    header = _parse_header(entries[0][1])
+    if header["endianness"] != 0:  # BundleHeaderProto.LITTLE
+        raise ValueError(f"{prefix}: only little-endian checkpoints are supported")
+    return header, {key.decode(): _parse_entry(value) for key, value in entries[1:]}
+
+
+#: TensorFlow DataType numbers of the numeric dtypes (types.proto).
+_DTYPES = {
+    1: np.float32, 2: np.float64, 3: np.int32, 4: np.uint8, 5: np.int16, 6: np.int8,
+    9: np.int64, 10: np.bool_, 17: np.uint16, 19: np.float16, 22: np.uint32, 23: np.uint64,
+}  # fmt: skip
+
+
+def _numpy_dtype(key: str, entry: dict) -> np.dtype:
+    dtype = _DTYPES.get(entry["dtype"])
+    if dtype is None or entry["slices"]:
+        raise ValueError(f"{key}: only whole numeric tensors can be read or replaced")
+    return np.dtype(dtype).newbyteorder("<")
+
+
+def _tensor_bytes(key: str, entry: dict, value) -> bytes:
+    dtype = _numpy_dtype(key, entry)
     value = np.asarray(value)
-    if dtype == tf.string or entry.slices:
-        raise ValueError(f"{key}: only whole numeric tensors can be replaced")
-    if value.shape != shape or value.dtype != dtype.as_numpy_dtype:
+    if value.shape != entry["shape"] or value.dtype != dtype:
         raise ValueError(
-            f"{key}: the checkpoint holds {dtype.name} {shape}; the new value is "
+            f"{key}: the checkpoint holds {dtype.name} {entry['shape']}; the new value is "
             f"{value.dtype} {value.shape}"
         )
-    return np.ascontiguousarray(value).astype(value.dtype.newbyteorder("<"), copy=False).tobytes()
+    return np.ascontiguousarray(value).astype(dtype, copy=False).tobytes()
 
 
 def _shard(prefix: str, index: int, count: int) -> str:
@@ -129,6 +161,91 @@ def _masked_crc(data: bytes) -> int:
     """LevelDB's and TensorFlow's masked CRC-32C."""
     crc = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+# The protos, field by field (tensor_bundle.proto) --------------------------
+
+
+def _fields(data: bytes):
+    """`(number, wire type, value, raw field bytes)` of each field."""
+    at = 0
+    while at < len(data):
+        start = at
+        tag, at = _varint(data, at)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            value, at = _varint(data, at)
+        elif wire == 2:
+            length, at = _varint(data, at)
+            value, at = data[at : at + length], at + length
+        elif wire == 5:
+            (value,), at = struct.unpack("<I", data[at : at + 4]), at + 4
+        elif wire == 1:
+            (value,), at = struct.unpack("<Q", data[at : at + 8]), at + 8
+        else:
+            raise ValueError(f"unexpected protobuf wire type {wire} in a checkpoint index")
+        yield number, wire, value, data[start:at]
+
+
+def _parse_header(data: bytes) -> dict:
+    """BundleHeaderProto: num_shards (1), endianness (2), version (3, kept as is)."""
+    header = {"num_shards": 0, "endianness": 0, "rest": b""}
+    for number, _, value, raw in _fields(data):
+        if number == 1:
+            header["num_shards"] = value
+        elif number == 2:
+            header["endianness"] = value
+        else:
+            header["rest"] += raw
+    return header
+
+
+def _header_bytes(header: dict) -> bytes:
+    out = _put_varint(1 << 3) + _put_varint(header["num_shards"])
+    if header["endianness"]:
+        out += _put_varint(2 << 3) + _put_varint(header["endianness"])
+    return out + header["rest"]
+
+
+def _parse_entry(data: bytes) -> dict:
+    """BundleEntryProto: dtype (1), shape (2: TensorShapeProto, dims of
+    `size` (1)), shard_id (3), offset (4), size (5), crc32c (6, fixed32),
+    slices (7, kept as is)."""
+    entry = {"dtype": 0, "shape": (), "shape_bytes": None, "shard_id": 0, "offset": 0,
+             "size": 0, "crc32c": 0, "slices": b""}  # fmt: skip
+    names = {1: "dtype", 3: "shard_id", 4: "offset", 5: "size", 6: "crc32c"}
+    for number, _, value, raw in _fields(data):
+        if number in names:
+            entry[names[number]] = value
+        elif number == 2:
+            entry["shape_bytes"] = value
+            dims = []
+            for field, _, dim, _ in _fields(value):
+                if field == 2:  # Dim {int64 size = 1; string name = 2}
+                    size = next((v for n, _, v, _ in _fields(dim) if n == 1), 0)
+                    dims.append(size)
+            entry["shape"] = tuple(dims)
+        elif number == 7:
+            entry["slices"] += raw
+    return entry
+
+
+def _entry_bytes(entry: dict) -> bytes:
+    out = b""
+    for number, name in ((1, "dtype"), (3, "shard_id"), (4, "offset"), (5, "size")):
+        if number == 3:
+            out += _length_field(2, entry["shape_bytes"])
+        if entry[name]:
+            out += _put_varint(number << 3) + _put_varint(entry[name])
+    if entry["crc32c"]:
+        out += _put_varint((6 << 3) | 5) + struct.pack("<I", entry["crc32c"])
+    return out + entry["slices"]
+
+
+def _length_field(number: int, value: bytes | None) -> bytes:
+    if value is None:  # absent (an empty message is written: a scalar's shape)
+        return b""
+    return _put_varint((number << 3) | 2) + _put_varint(len(value)) + value
 
 
 # The table (LevelDB's format, as TensorFlow's lib/io writes it) ------------

@@ -8,20 +8,21 @@ import os
 import numpy as np
 
 from static_keras import __version__
-from static_keras.export.model_layers import constraints
 from static_keras.index import archive
 from static_keras.index.static_index import StaticIndex
-from static_keras.layers.constrained_decoding import ConstrainedDecoding
 
 METADATA_FILENAME = "static_keras_index.json"
 
 
-def index_from_layer(layer: ConstrainedDecoding) -> StaticIndex:
+def index_from_layer(layer) -> StaticIndex:
     """The `StaticIndex` whose arrays a semantic-ID constraint layer holds.
 
     (A string layer holds only the device arrays, not the member strings, so
     its `index_metadata()` describes it instead.)
     """
+    # Keras is imported here: `read_metadata` serves jobs without it.
+    from static_keras.layers.constrained_decoding import ConstrainedDecoding
+
     if not isinstance(layer, ConstrainedDecoding):
         raise ValueError(
             f"`layer` must be a ConstrainedDecoding layer. Received: {type(layer).__name__}"
@@ -31,6 +32,8 @@ def index_from_layer(layer: ConstrainedDecoding) -> StaticIndex:
 
 def model_metadata(model) -> dict:
     """Metadata of every index inside `model` (usually exactly one)."""
+    from static_keras.export.model_layers import constraints
+
     indexes = []
     for layer in constraints(model):
         entry = layer.index_metadata()

@@ -41,8 +41,6 @@ from static_keras.export.check import check_saved_model
 from static_keras.export.leftovers import DEFAULT_STALE_AFTER_SECONDS
 from static_keras.export.leftovers import remove_leftovers
 from static_keras.export.leftovers import temporary_prefix
-from static_keras.export.saved_model import ExportInfo
-from static_keras.export.saved_model import export_saved_model
 
 _VERSION = re.compile(r"^[1-9][0-9]*$")
 _QUARANTINED = re.compile(r"^rejected-(?P<version>[1-9][0-9]*)-")
@@ -54,7 +52,7 @@ logger = logging.getLogger("static_keras.export")
 class PublishInfo:
     version: int
     path: str
-    export: ExportInfo
+    export: object  # the `ExportInfo` of `export_saved_model`
     removed_versions: tuple[int, ...]
     seconds: float
     rejected_versions: tuple[int, ...] = ()
@@ -161,6 +159,9 @@ def publish(
         `quarantined_versions` and `quarantined_paths` (those moved out, and
         where to), `removed_leftovers`, `seconds`.
     """
+    # TensorFlow is imported here: refreshes and version checks publish without it.
+    from static_keras.export.saved_model import export_saved_model
+
     start = time.perf_counter()
     base = os.fspath(model_base_path)
     os.makedirs(base, exist_ok=True)

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from static_keras.export import eligibility as eligible
+from static_keras.export import eligibility_refresh
 from static_keras.export.leftovers import temporary_prefix
 from static_keras.export.metadata import METADATA_FILENAME
 from static_keras.export.metadata import model_metadata
@@ -353,5 +354,5 @@ def _eligible_function(model, module, search, specs, ranges, xla):
     concrete = serve_eligible.get_concrete_function()
     if not taken:
         return None  # the model feeds the search its own set ids (model inputs)
-    setattr(module, eligible.TABLES_ATTRIBUTE, tables)
+    setattr(module, eligibility_refresh.TABLES_ATTRIBUTE, tables)
     return concrete

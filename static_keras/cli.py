@@ -26,7 +26,9 @@ class UserError(Exception):
 
 # Commands that load TensorFlow: it is imported before they run, with its
 # start-up lines filtered (`_quiet_tensorflow`).
-_TENSORFLOW_COMMANDS = ("demo", "export", "publish", "refresh-eligibility", "serve-dev", "bench")
+# (refresh-eligibility is not one: a rules job runs NumPy only, and loads
+# TensorFlow only where a version on disk has never been checked.)
+_TENSORFLOW_COMMANDS = ("demo", "export", "publish", "serve-dev", "bench")
 
 # Lines TensorFlow writes while it loads that tell a user of this command line
 # nothing: the oneDNN and CPU-feature notices, the CUDA stub's "no driver" note

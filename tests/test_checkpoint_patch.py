@@ -23,10 +23,16 @@ from static_keras.export import ELIGIBLE_SIGNATURE
 from static_keras.export import publish
 from static_keras.export import read_eligibility
 from static_keras.export import refresh_eligibility
+from static_keras.export.checkpoint_patch import _entry_bytes
+from static_keras.export.checkpoint_patch import _header_bytes
+from static_keras.export.checkpoint_patch import _parse_entry
+from static_keras.export.checkpoint_patch import _parse_header
 from static_keras.export.checkpoint_patch import _read
 from static_keras.export.checkpoint_patch import _read_table
 from static_keras.export.checkpoint_patch import _table
+from static_keras.export.checkpoint_patch import read_tensors
 from static_keras.export.checkpoint_patch import replace_tensors
+from static_keras.export.checkpoint_patch import tensor_specs
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.member_catalogue import MemberCatalogue
 from static_keras.serving.cc_loader import compiler
@@ -81,6 +87,18 @@ def test_the_table_reads_and_writes_what_tensorflow_writes(tmp_path):
     entries = _read_table(_read(str(tmp_path / "x.index")))
     assert entries[0][0] == b"" and [k for k, _ in entries] == sorted(k for k, _ in entries)
     assert _read_table(_table(entries)) == entries
+    # The protos round-trip byte for byte, the object graph's string entry included.
+    assert _header_bytes(_parse_header(entries[0][1])) == entries[0][1]
+    assert all(_entry_bytes(_parse_entry(value)) == value for _, value in entries[1:])
+    # The tensors read back as TensorFlow reads them.
+    reader = tf.train.load_checkpoint(str(tmp_path / "x"))
+    keys = [KEY.format("a"), KEY.format("b"), KEY.format("v07")]
+    for key, value in read_tensors(str(tmp_path / "x"), keys).items():
+        expected = reader.get_tensor(key)
+        assert value.dtype == expected.dtype and np.array_equal(value, expected)
+    specs = tensor_specs(str(tmp_path / "x"))
+    assert specs[KEY.format("b")] == (1, (3, 4))  # DT_FLOAT
+    assert set(specs) == set(reader.get_variable_to_shape_map())
 
 
 def test_bad_values_and_corruption_are_refused(tmp_path):
@@ -94,6 +112,8 @@ def test_bad_values_and_corruption_are_refused(tmp_path):
         replace_tensors(prefix, target, {KEY.format("nope"): np.arange(9, dtype=np.int32)})
     with pytest.raises(ValueError, match="only whole numeric"):
         replace_tensors(prefix, target, {"_CHECKPOINTABLE_OBJECT_GRAPH": np.array(b"x")})
+    with pytest.raises(ValueError, match="has no tensor"):
+        read_tensors(prefix, ["nope"])
     index = bytearray(_read(prefix + ".index"))
     index[10] ^= 0xFF
     (tmp_path / "bad.index").write_bytes(bytes(index))
@@ -109,6 +129,8 @@ def test_bad_values_and_corruption_are_refused(tmp_path):
         file.write(b"\x01")
     with pytest.raises(tf.errors.OpError, match="Checksum does not match"):
         tf.train.load_checkpoint(target).get_tensor(KEY.format("a"))
+    with pytest.raises(ValueError, match="does not match its checksum"):
+        read_tensors(target, [KEY.format("a")])
 
 
 @pytest.mark.skipif(compiler() is None, reason="needs a C++ compiler (g++)")

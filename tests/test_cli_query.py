@@ -120,13 +120,18 @@ def test_commands_print_only_their_own_lines(tmp_path):
     result = _cli("inspect", str(tmp_path / "index.npz"))
     assert result.returncode == 0 and "kind          semantic_ids" in result.stdout
     assert result.stderr == ""
-    # refresh-eligibility loads TensorFlow before it reads its input.
-    argv = ("refresh-eligibility", "--model-base-path", str(tmp_path / "models"),
-            "--set", f"in_stock={tmp_path / 'missing.npy'}")  # fmt: skip
+    # serve-dev loads TensorFlow before it reads its input.
+    argv = ("serve-dev", "--model_config_file", str(tmp_path / "missing.config"))
     quiet = _cli(*argv, code="assert 'tensorflow.python' in sys.modules")
     assert quiet.returncode == 2
+    assert quiet.stderr.startswith("static-keras: error:") and "missing.config" in quiet.stderr
+    assert len(quiet.stderr.splitlines()) == 1 and quiet.stdout == ""
+    # refresh-eligibility (a rules job) loads neither TensorFlow nor Keras.
+    argv = ("refresh-eligibility", "--model-base-path", str(tmp_path / "models"),
+            "--set", f"in_stock={tmp_path / 'missing.npy'}")  # fmt: skip
+    quiet = _cli(*argv, code="assert 'tensorflow' not in sys.modules")
+    assert quiet.returncode == 2
     assert quiet.stderr == f"static-keras: error: no such file: {tmp_path / 'missing.npy'}\n"
-    assert quiet.stdout == ""
 
 
 def test_retracing_hints_are_dropped_and_other_warnings_kept():

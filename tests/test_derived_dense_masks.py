@@ -19,10 +19,10 @@ from keras import ops
 
 from static_keras import ConstrainedDecoding
 from static_keras import StaticIndex
+from static_keras.index import dense_eligibility
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.layers import bit_fields
 from static_keras.layers import derived_dense_masks
-from static_keras.layers import eligibility_step
 
 tf_only = pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="TF modes")
 
@@ -144,8 +144,8 @@ def _sets(index, seed):
 def test_derived_rows_equal_the_stored_rows(vocab, n, length, dense_levels, heavy):
     index = _index(vocab, n, length, dense_levels, seed=vocab, heavy=heavy)
     layout = index.layout
-    table = eligibility_step.dense_boundary_table(layout, index.arrays)
-    offsets = eligibility_step.dense_boundary_offsets(layout)
+    table = dense_eligibility.dense_boundary_table(layout, index.arrays)
+    offsets = dense_eligibility.dense_boundary_offsets(layout)
     members = layout.num_members
     sets = _sets(index, vocab)
     # Derive every depth after the first, whatever the size rule would choose.
@@ -155,7 +155,7 @@ def test_derived_rows_equal_the_stored_rows(vocab, n, length, dense_levels, heav
     )
     if heavy:
         assert windows[1] > 2  # a code's members span several words
-    stored = eligibility_step.dense_eligibility_masks(vocab, dense_levels, table, sets)
+    stored = dense_eligibility.dense_eligibility_masks(vocab, dense_levels, table, sets)
     words = sets.device_arrays()["eligibility_words"]
     index_masks = index.arrays["dense_masks"].astype(np.int32)
     for t in range(1, dense_levels):

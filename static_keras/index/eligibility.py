@@ -18,7 +18,7 @@ A set is `W = num_members // 32 + 1` uint32 words (bit `m & 31` of word
 members before the pair: 1.5 bits per member, and the last word always has
 room for position `num_members`, so `rank(num_members)` needs no clamp on
 the device. (For the dense steps of a semantic-ID index a layer stores a
-mask row per dense-head state, `eligibility_step.dense_eligibility_masks`,
+mask row per dense-head state, `dense_eligibility.dense_eligibility_masks`,
 at the depths where that costs at most half a bit per member, and derives
 the other depths' rows from these bits at decode time:
 `layers.derived_dense_masks`.)

@@ -9,6 +9,7 @@ from static_keras.api_export import static_keras_export
 from static_keras.constants import INVALID_STATE
 from static_keras.constants import MASKED_LOGIT
 from static_keras.constants import PAD_TOKEN
+from static_keras.index import dense_eligibility
 from static_keras.index import member_ranges as host_member_ranges
 from static_keras.index.layout import IndexLayout
 from static_keras.index.static_index import StaticIndex
@@ -260,7 +261,7 @@ class ConstrainedDecoding(AutomatonConstraint):
 
     def _derived_words(self, depth, parents, set_rows, index_words):
         weights = self.member_range_weights
-        at = eligibility_step.dense_boundary_offsets(self.layout)[depth] + parents
+        at = dense_eligibility.dense_boundary_offsets(self.layout)[depth] + parents
         first_word = ops.right_shift(gather.take(weights["dense_boundaries"], at), 5)
         return derived_dense_masks.derived_words(
             self.eligibility_weights["eligibility_words"],
@@ -448,7 +449,7 @@ class ConstrainedDecoding(AutomatonConstraint):
             return {}
         layout = self.layout
         table, _ = self._boundaries_and_windows(index)
-        offsets = eligibility_step.dense_boundary_offsets(layout)
+        offsets = dense_eligibility.dense_boundary_offsets(layout)
         for t, held in enumerate(self.eligibility_windows):
             if not held:  # stored rows fit any index
                 continue
@@ -487,7 +488,7 @@ class ConstrainedDecoding(AutomatonConstraint):
                 layout.dense_levels,
                 layout.num_members,
                 table,
-                eligibility_step.dense_boundary_offsets(layout),
+                dense_eligibility.dense_boundary_offsets(layout),
             )
             self._host_boundaries = (index, table, windows)
         return self._host_boundaries[1:]
@@ -568,7 +569,7 @@ class ConstrainedDecoding(AutomatonConstraint):
             ops.convert_to_numpy(self.eligibility_weights["eligibility_words"]),
             ops.convert_to_numpy(self.eligibility_weights["eligibility_dense"]),
         )
-        masks = eligibility_step.dense_eligibility_masks(
+        masks = dense_eligibility.dense_eligibility_masks(
             layout.vocab_size,
             layout.dense_levels,
             boundaries,
@@ -586,7 +587,7 @@ class ConstrainedDecoding(AutomatonConstraint):
         if not d:
             return None
         table = self.member_range_weights["dense_boundaries"]
-        offsets = eligibility_step.dense_boundary_offsets(layout)
+        offsets = dense_eligibility.dense_boundary_offsets(layout)
         real = ops.less(members, layout.num_members)
         codes = eligibility_step.dense_codes(
             self.member_range_weights["dense_member_codes"], members, real

@@ -1,0 +1,278 @@
+"""Eligibility-only refresh of a published version, without TensorFlow.
+
+The rules (in stock, region, freshness) change by the minute; the model and
+the index by the day. `refresh_eligibility` publishes a new version of a
+served model whose only change is the eligibility set tensors: the graph and
+the warmup records are copied, the checkpoint links the source's data shards
+and writes only the new set tensors (`checkpoint_patch`), the result is read
+back, and the version is renamed into place like `publish`. That is seconds
+where a re-export retraces the whole model and rewrites the whole index.
+
+Everything here is NumPy and the standard library: a rules job that imports
+TensorFlow waits seconds for it before its change can reach a server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import shutil
+import time
+from typing import Mapping
+
+import numpy as np
+
+from static_keras.export import checkpoint_patch
+from static_keras.export.leftovers import DEFAULT_STALE_AFTER_SECONDS
+from static_keras.export.metadata import METADATA_FILENAME
+from static_keras.export.metadata import read_metadata
+from static_keras.index import dense_eligibility
+from static_keras.index.eligibility import EligibilitySets
+from static_keras.index.member_catalogue import MemberCatalogue
+
+#: Weights of a semantic-ID layer derived from the sets, and what they derive from.
+DENSE_MASKS, DENSE_BOUNDARIES = "eligibility_dense", "dense_boundaries"
+#: The exclusion tables on the serving module: `module.<attribute>[name]`.
+TABLES_ATTRIBUTE = "eligibility_tables"
+TABLE_IDS = "eligibility_sorted_item_ids"
+TABLE_MEMBERS = "eligibility_sorted_members"
+_CHECKPOINT_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+#: TensorFlow's fingerprint of a SavedModel, which hashes its checkpoint index.
+_FINGERPRINT = "fingerprint.pb"
+
+
+@dataclasses.dataclass(frozen=True)
+class EligibilityRefreshInfo:
+    """What `refresh_eligibility` wrote."""
+
+    version: int
+    path: str
+    source_version: int
+    sizes: dict
+    removed_versions: tuple[int, ...]
+    rejected_versions: tuple[int, ...]
+    seconds: float
+
+
+def _checkpoint_key(*path: str) -> str:
+    """The checkpoint key of `module.<path>` (TF escapes "." and "/" in names)."""
+    escaped = (part.replace(".", "..").replace("/", ".S") for part in path)
+    return "/".join(escaped) + _CHECKPOINT_SUFFIX
+
+
+def read_eligibility(saved_model_dir: str | os.PathLike) -> EligibilitySets:
+    """The eligibility sets an exported version holds (from its checkpoint)."""
+    path = os.fspath(saved_model_dir)
+    metadata = read_metadata(path)
+    info = metadata.get("eligibility")
+    if not info:
+        raise ValueError(
+            f"{path!r} holds no eligibility sets (export a model whose constraint was "
+            "built with `eligibility=`)"
+        )
+    keys = info["variables"]
+    names = {
+        "ids": _checkpoint_key(TABLES_ATTRIBUTE, TABLE_IDS),
+        "members": _checkpoint_key(TABLES_ATTRIBUTE, TABLE_MEMBERS),
+        "words": _checkpoint_key("model_variables", keys["eligibility_words"]),
+        "directory": _checkpoint_key("model_variables", keys["eligibility_directory"]),
+    }
+    tensors = checkpoint_patch.read_tensors(_prefix(path), names.values())
+    ids, members, words, directory = (tensors[names[n]] for n in names)
+    catalogue = MemberCatalogue.from_sorted(
+        ids, members, info["num_members"], has_item_ids=info.get("has_item_ids", True)
+    )
+    if catalogue.fingerprint != info["catalogue_fingerprint"]:
+        raise ValueError(f"{path!r}: the exclusion table does not match its metadata")
+    return EligibilitySets(
+        metadata["eligibility_sets"], words.view(np.uint32), directory.view(np.uint32), catalogue
+    )
+
+
+def _prefix(saved_model_dir: str) -> str:
+    return os.path.join(saved_model_dir, "variables", "variables")
+
+
+def refresh_eligibility(
+    model_base_path: str | os.PathLike,
+    eligibility_sets,
+    *,
+    source_version: int | None = None,
+    version: int | None = None,
+    keep: int | None = 3,
+    check: bool = True,
+    stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+) -> EligibilityRefreshInfo:
+    """Publishes a new version whose only change is the eligibility sets.
+
+    Args:
+        model_base_path: the directory TF Serving polls (versions `1`, `2`, ...).
+        eligibility_sets: an `EligibilitySets` over the served index (same
+            names, same catalogue), or `{name: item ids}` for the sets to
+            rebuild (the others keep their current members).
+        source_version: the version to copy; defaults to the newest that
+            loads (`newest_good_version`: a rejected newer one is moved out
+            of the integer namespace, as `publish` does).
+        version: the new version number; defaults to one above every
+            version (as in `publish`).
+        keep, stale_after_seconds: as in `publish`.
+        check: bool. Read the new checkpoint back with TensorFlow's reader
+            (every tensor's checksum, the new values) before the version
+            becomes visible. The graph, the warmup records and every other
+            tensor are the source version's bytes, and the source loaded and
+            warmed up, so the job does not load the refreshed version again:
+            the server's load is the only one (a server that rejects it
+            keeps the old version serving). Defaults to True.
+
+    Returns:
+        `EligibilityRefreshInfo`.
+    """
+    # Imported here: publish imports the export, and `static_keras.export.publish`
+    # names the function once the package is imported.
+    publish_module = importlib.import_module("static_keras.export.publish")
+
+    start = time.perf_counter()
+    base = os.fspath(model_base_path)
+    existing = publish_module.list_versions(base)
+    if not existing:
+        raise ValueError(f"No versions under {base!r} to refresh")
+    if source_version is None:
+        source_version = publish_module.newest_good_version(base)
+        if source_version is None:
+            raise ValueError(
+                f"No version under {base!r} loads (versions: {existing}): publish a good "
+                "version before refreshing its sets"
+            )
+    if source_version not in existing:
+        raise ValueError(f"No version {source_version} under {base!r} (versions: {existing})")
+    version = publish_module.new_version(base, existing, version, keep)
+
+    source = os.path.join(base, str(source_version))
+    metadata = read_metadata(source)
+    current = read_eligibility(source)
+    sets = _new_sets(current, eligibility_sets)
+
+    def write(staging):
+        # Everything but the checkpoint is copied (small files); the
+        # checkpoint links the source's shards and writes only the new sets.
+        # TensorFlow's fingerprint.pb hashes the checkpoint index: the
+        # source's would name the source, and the loader reads it only for
+        # metrics, so the refreshed version has none.
+        shutil.copytree(source, staging, ignore=_top_level("variables", _FINGERPRINT))
+        info = metadata["eligibility"]
+        replaced = _rewrite_checkpoint(
+            source, staging, info["variables"], sets, info.get("dense_masks")
+        )
+        metadata["eligibility_refresh"] = {
+            "source_version": source_version,
+            "refreshed_unix": time.time(),
+            "sizes": sets.sizes(),
+        }
+        with open(os.path.join(staging, "assets", METADATA_FILENAME), "w") as file:
+            json.dump(metadata, file, indent=2, sort_keys=True)
+        if check:
+            _verify_checkpoint(source, staging, replaced)
+
+    staged = publish_module.publish_staged(
+        base,
+        version,
+        write,
+        keep=keep,
+        xla=bool(metadata.get("xla")),
+        check=False,
+        verified=check,
+        stale_after_seconds=stale_after_seconds,
+        what="The refreshed version",
+    )
+    return EligibilityRefreshInfo(
+        version=version,
+        path=staged.path,
+        source_version=source_version,
+        sizes=sets.sizes(),
+        removed_versions=staged.removed_versions,
+        rejected_versions=staged.rejected_versions,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _top_level(*skipped: str):
+    """A `copytree` ignore function that skips `skipped` names at the top only."""
+    top = []
+
+    def ignore(folder, names):
+        if not top:
+            top.append(folder)
+        return [name for name in skipped if name in names] if folder == top[0] else []
+
+    return ignore
+
+
+def _new_sets(current: EligibilitySets, eligibility_sets) -> EligibilitySets:
+    if isinstance(eligibility_sets, EligibilitySets):
+        if eligibility_sets.names != current.names:
+            raise ValueError(
+                f"The served version has sets {list(current.names)}; the new sets are "
+                f"{list(eligibility_sets.names)} (names and order must match)"
+            )
+        if eligibility_sets.catalogue.fingerprint != current.catalogue.fingerprint:
+            raise ValueError(
+                "The new sets are over another catalogue (member -> item id map) than "
+                "the served index: build them over the served index"
+            )
+        return eligibility_sets
+    if not isinstance(eligibility_sets, Mapping) or not eligibility_sets:
+        raise ValueError(
+            "`eligibility_sets` must be an EligibilitySets or a non-empty mapping "
+            f"{{name: item ids}}. Received: {type(eligibility_sets).__name__}"
+        )
+    sets = current
+    for name, item_ids in eligibility_sets.items():
+        sets = sets.replace(name, item_ids)  # ValueError names an unknown set
+    return sets
+
+
+def _rewrite_checkpoint(
+    source_dir: str, saved_model_dir: str, keys: Mapping[str, str], sets, dense=None
+) -> dict[str, np.ndarray]:
+    """Writes the checkpoint of `saved_model_dir`: that of `source_dir` with
+    the eligibility words and directory replaced, and the dense-step masks
+    derived from them (`dense`: their metadata, or None). Only those bytes
+    are written (`checkpoint_patch`); returns what was replaced, by key."""
+    source = _prefix(source_dir)
+    arrays = sets.device_arrays()
+    if dense is not None:
+        names = {
+            name: _checkpoint_key("model_variables", keys[name])
+            for name in ("eligibility_words", DENSE_MASKS, DENSE_BOUNDARIES)
+        }
+        held = checkpoint_patch.read_tensors(source, names.values())
+        held = {name: held[key] for name, key in names.items()}
+        arrays[DENSE_MASKS] = dense_eligibility.dense_eligibility_masks(
+            dense["vocab_size"],
+            dense["dense_levels"],
+            held[DENSE_BOUNDARIES],
+            sets,
+            (held["eligibility_words"], held[DENSE_MASKS]),  # unchanged sets keep theirs
+            stored_levels=dense.get("stored_levels"),  # absent before derived rows: all
+        )
+    replaced = {
+        _checkpoint_key("model_variables", keys[name]): array for name, array in arrays.items()
+    }
+    os.makedirs(os.path.join(saved_model_dir, "variables"))
+    checkpoint_patch.replace_tensors(source, _prefix(saved_model_dir), replaced)
+    return replaced
+
+
+def _verify_checkpoint(source_dir: str, saved_model_dir: str, replaced) -> None:
+    """Reads the new checkpoint back as TensorFlow's reader does (the
+    restore of `LoadSavedModel` checks each tensor's CRC-32C the same way):
+    the same tensors, dtypes and shapes as the source's, the replaced values
+    as written. ValueError otherwise."""
+    new = _prefix(saved_model_dir)
+    if checkpoint_patch.tensor_specs(new) != checkpoint_patch.tensor_specs(_prefix(source_dir)):
+        raise ValueError("The refreshed checkpoint does not hold the source's tensors")
+    for key, value in checkpoint_patch.read_tensors(new, replaced).items():
+        if not np.array_equal(value, replaced[key]):
+            raise ValueError(f"The refreshed checkpoint reads back {key} differently")
