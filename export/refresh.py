@@ -65,6 +65,8 @@ def replace_index(
         ("vocab_size", index.vocab_size, old.constraint.vocab_size),
         ("length", index.length, old.constraint.length),
         ("eos_token_id", index.eos_token_id, old.constraint.eos_token_id),
+        # The outputs differ (`item_ids` or not): the model's graph would not fit.
+        ("has_item_ids", index.has_item_ids, old.constraint.has_item_ids),
     ):
         if new_value != old_value:
             raise ValueError(

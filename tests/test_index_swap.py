@@ -258,3 +258,14 @@ def test_the_cli_swap_keeps_the_served_rules(capsys, tmp_path):
 def _set_file(tmp_path, name, ids) -> list[str]:
     np.save(tmp_path / f"{name}.npy", np.asarray(ids))
     return ["--set", f"{name}={tmp_path / f'{name}.npy'}"]
+
+
+def test_a_swap_between_indexes_with_and_without_item_ids_is_refused():
+    """The model's outputs (`item_ids` or not) come from the old index: a new
+    one that differs there would swap outputs silently."""
+    rows = np.random.default_rng(4).integers(0, 16, (60, 3))
+    with_ids = StaticIndex.build(rows, 16, item_ids=np.arange(60) + 7, on_duplicate_item="first")
+    without = StaticIndex.build(rows, 16)
+    for old, new in ((without, with_ids), (with_ids, without)):
+        with pytest.raises(ValueError, match="has_item_ids is"):
+            replace_index(_model(old, None), new)

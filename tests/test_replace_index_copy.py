@@ -29,8 +29,8 @@ from static_keras.decoding.beam_search import beam_search
 from static_keras.export import refresh
 from static_keras.export import replace_index
 from static_keras.index import member_ranges
+from static_keras.index.dense_eligibility import dense_boundary_table
 from static_keras.index.eligibility import EligibilitySets
-from static_keras.layers.constrained_decoding import _dense_boundary_table
 from static_keras.strings import StringIndex
 from static_keras.strings import TokenVocabulary
 
@@ -157,6 +157,6 @@ def test_the_dense_boundary_table_walks_each_tail_state_once(n, vocab, length, d
         depth = np.full(first_state.size, d, np.int64)
         tables.append(member_ranges.first_tail_members(layout, arrays, first_state, depth))
         expected = np.concatenate(tables).astype(np.int32)
-    table = _dense_boundary_table(layout, arrays)
+    table = dense_boundary_table(layout, arrays)
     assert table.dtype == expected.dtype
     np.testing.assert_array_equal(table, expected)

@@ -44,8 +44,14 @@ def dense_boundary_table(layout, arrays) -> np.ndarray:
     valid = arrays["dense_states"] >= 0
     first_state = np.zeros(vocab**d + 1, np.int64)
     np.cumsum(valid, out=first_state[1:])
-    depth = np.full(first_state.size, d, np.int64)
-    tables.append(host_member_ranges.first_tail_members(layout, arrays, first_state, depth))
+    # Depth d is the first member below the first tail state at or after
+    # each code: a non-decreasing count of valid codes, so it takes at most
+    # `level_sizes[d] + 1` values. Walk those, then gather (walking all
+    # V**d + 1 entries took 0.43 s at V = 2048, d = 2, 10^5 items; 0.05 s).
+    states = np.arange(first_state[-1] + 1, dtype=np.int64)
+    depth = np.full(states.size, d, np.int64)
+    first_members = host_member_ranges.first_tail_members(layout, arrays, states, depth)
+    tables.append(first_members[first_state])
     return np.concatenate(tables).astype(np.int32)
 
 
