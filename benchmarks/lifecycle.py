@@ -758,7 +758,8 @@ def _swap(stages, name, job, server, client, load, old, steady, config, allowed,
         f"{name}.job",
         report["end"] - wall,
         peak,
-        notes="the job process, start to exit (peak RSS: its own)",
+        notes="the job process, start to exit (peak RSS: its own); TensorFlow "
+        + ("imported" if report.get("tensorflow_imported") else "not imported"),
     )
     stages.add(
         f"{name}.server_load",
@@ -821,18 +822,18 @@ def job_main(args) -> None:
 
         import static_keras.export  # noqa: F401
 
-        if args.job == "catalogue":
+        if args.job == "catalogue":  # the refresh job needs neither Keras nor TensorFlow
+            import static_keras.export.refresh  # noqa: F401
             import static_keras.saving  # noqa: F401
 
-    timed("import_s", "job_import", imports, "python + TensorFlow + static_keras imports")
+    notes = {"refresh": "python + static_keras.export imports (NumPy only)",
+             "catalogue": "python + TensorFlow + Keras + static_keras imports"}  # fmt: skip
+    timed("import_s", "job_import", imports, notes[args.job])
     import numpy as np
 
-    from static_keras.export import publish
     from static_keras.export import read_eligibility
     from static_keras.export import read_metadata
     from static_keras.export import refresh_eligibility
-    from static_keras.export import replace_index
-    from static_keras.export.model_layers import beam_searches
     from static_keras.export.publish import newest_good_version
 
     if args.job == "refresh":
@@ -847,6 +848,9 @@ def job_main(args) -> None:
     else:
         from static_keras import StaticIndex
         from static_keras import saving
+        from static_keras.export import publish
+        from static_keras.export import replace_index
+        from static_keras.export.model_layers import beam_searches
 
         model = timed("model_load_s", "model_load", lambda: saving.load_model(args.model))
         newest = os.path.join(args.base, str(newest_good_version(args.base)))
@@ -878,6 +882,7 @@ def job_main(args) -> None:
         report["version"] = info.version
         report["eligibility_sets"] = read_metadata(info.path).get("eligibility_sets")
     report["end"] = time.time()
+    report["tensorflow_imported"] = "tensorflow" in sys.modules
     report["peak_rss_bytes"] = common.peak_rss_bytes()
     print(json.dumps(report), flush=True)
 
