@@ -54,6 +54,9 @@ class EligibilityRefreshInfo:
     removed_versions: tuple[int, ...]
     rejected_versions: tuple[int, ...]
     seconds: float
+    #: Versions found not to load, moved out of the integer namespace (as `publish` does).
+    quarantined_versions: tuple[int, ...] = ()
+    quarantined_paths: tuple[str, ...] = ()
 
 
 def _checkpoint_key(*path: str) -> str:
@@ -118,8 +121,8 @@ def refresh_eligibility(
         version: the new version number; defaults to one above every
             version (as in `publish`).
         keep, stale_after_seconds: as in `publish`.
-        check: bool. Read the new checkpoint back with TensorFlow's reader
-            (every tensor's checksum, the new values) before the version
+        check: bool. Read the new checkpoint back as TensorFlow's reader
+            does (every tensor's checksum, the new values) before the version
             becomes visible. The graph, the warmup records and every other
             tensor are the source version's bytes, and the source loaded and
             warmed up, so the job does not load the refreshed version again:
@@ -194,6 +197,8 @@ def refresh_eligibility(
         removed_versions=staged.removed_versions,
         rejected_versions=staged.rejected_versions,
         seconds=time.perf_counter() - start,
+        quarantined_versions=staged.quarantined_versions,
+        quarantined_paths=staged.quarantined_paths,
     )
 
 

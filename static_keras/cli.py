@@ -478,6 +478,8 @@ def _cmd_refresh_eligibility(args) -> None:
         keep=args.keep,
     )
     removed = f", removed {list(info.removed_versions)}" if info.removed_versions else ""
+    for version, path in zip(info.quarantined_versions, info.quarantined_paths):
+        removed += f"; version {version} does not load: moved to {path}"
     sizes = ", ".join(f"{name} {size:,}" for name, size in info.sizes.items())
     print(
         f"published version {info.version} (sets of version {info.source_version} replaced: "

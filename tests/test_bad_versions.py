@@ -162,7 +162,8 @@ def test_refresh_starts_from_the_newest_good_version_and_loads_nothing_new(tmp_p
         lambda path, version, xla: loaded.append(version) or real_load_error(path, version, xla),
     )
     info = refresh_eligibility(base, {"in_stock": ids[:7]})
-    assert info.source_version == 1 and info.version == 3
+    assert info.source_version == 1 and info.version == 3 and info.quarantined_versions == (2,)
+    assert os.path.basename(info.quarantined_paths[0]).startswith("rejected-2-")
     assert list_versions(base) == [1, 3] and [q.split("-")[1] for q in quarantined(base)] == ["2"]
     assert 3 not in loaded  # version 2 was loaded (and rejected); the refresh was read back
     assert read_eligibility(info.path).sizes() == {"in_stock": 7}
