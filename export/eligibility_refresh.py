@@ -31,6 +31,7 @@ from static_keras.export.metadata import read_metadata
 from static_keras.index import dense_eligibility
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.member_catalogue import MemberCatalogue
+from static_keras.index.member_catalogue import catalogue_fingerprint
 
 #: Weights of a semantic-ID layer derived from the sets, and what they derive from.
 DENSE_MASKS, DENSE_BOUNDARIES = "eligibility_dense", "dense_boundaries"
@@ -87,11 +88,24 @@ def read_eligibility(saved_model_dir: str | os.PathLike) -> EligibilitySets:
     catalogue = MemberCatalogue.from_sorted(
         ids, members, info["num_members"], has_item_ids=info.get("has_item_ids", True)
     )
-    if catalogue.fingerprint != info["catalogue_fingerprint"]:
+    if info["catalogue_fingerprint"] not in (catalogue.fingerprint, _before_identity(catalogue)):
         raise ValueError(f"{path!r}: the exclusion table does not match its metadata")
     return EligibilitySets(
         metadata["eligibility_sets"], words.view(np.uint32), directory.view(np.uint32), catalogue
     )
+
+
+def _before_identity(catalogue: MemberCatalogue) -> str | None:
+    """The fingerprint versions exported before session 14 recorded for a
+    catalogue whose ids are its member numbers (the ids hashed, not the
+    identity), so that their sets still read and refresh."""
+    if catalogue.fingerprint != catalogue_fingerprint(None, catalogue.num_members):
+        return None
+    import hashlib
+
+    digest = hashlib.sha256(f"members:{catalogue.num_members};".encode())
+    digest.update(np.arange(catalogue.num_members, dtype="<i8").data)
+    return digest.hexdigest()
 
 
 def _prefix(saved_model_dir: str) -> str:

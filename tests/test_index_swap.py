@@ -269,3 +269,30 @@ def test_a_swap_between_indexes_with_and_without_item_ids_is_refused():
     for old, new in ((without, with_ids), (with_ids, without)):
         with pytest.raises(ValueError, match="has_item_ids is"):
             replace_index(_model(old, None), new)
+
+
+def test_versions_exported_before_the_identity_fingerprint_still_read(tmp_path):
+    """Earlier exports hashed member numbers as ids where an index has no item
+    ids; the sets of such a version still read (and so refresh)."""
+    import hashlib
+    import json
+
+    from static_keras.export import publish
+
+    rows = np.random.default_rng(6).integers(0, 16, (80, 3))
+    index = StaticIndex.build(rows, 16)
+    sets = EligibilitySets.build(index, {"s": [0, 3, 5]})
+    publish(_model(index, sets), tmp_path / "recs", warmup_batch_sizes=(1,))
+    path = tmp_path / "recs" / "1" / "assets" / "static_keras_index.json"
+    metadata = json.loads(path.read_text())
+    n = index.num_members
+    legacy = hashlib.sha256(f"members:{n};".encode())
+    legacy.update(np.arange(n, dtype="<i8").tobytes())
+    metadata["eligibility"]["catalogue_fingerprint"] = legacy.hexdigest()
+    metadata["eligibility"].pop("has_item_ids", None)
+    path.write_text(json.dumps(metadata))
+    assert read_eligibility(tmp_path / "recs" / "1").sizes() == {"s": 3}
+    metadata["eligibility"]["catalogue_fingerprint"] = "0" * 64
+    path.write_text(json.dumps(metadata))
+    with pytest.raises(ValueError, match="does not match its metadata"):
+        read_eligibility(tmp_path / "recs" / "1")
