@@ -1,5 +1,6 @@
 """The development server: wire formats, labels, errors and hot swaps."""
 
+import gc
 import os
 import shutil
 import threading
@@ -233,6 +234,11 @@ def test_an_unloaded_version_is_freed(small_model, tmp_path):
         # restored functions hold (they keep the variables alive), so the
         # version's memory can be returned.
         assert manager.status(1, None)[0][1] == "END"
+        # A gRPC worker that answered from version 1 may still hold it for a
+        # moment: what matters is that nothing keeps it (no leak).
+        while any(ref() is not None for ref in refs) and time.monotonic() < deadline:
+            gc.collect()
+            time.sleep(0.05)
         assert len(refs) > 10 and [ref for ref in refs if ref() is not None] == []
 
 
