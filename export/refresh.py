@@ -169,12 +169,7 @@ def _specs(values) -> list:
 
 def _sets_for_new_index(constraint, index, eligibility) -> EligibilitySets | None:
     """The sets the new constraint holds: given, carried over, or none."""
-    if eligibility is not None:
-        if not isinstance(eligibility, EligibilitySets):
-            raise ValueError(
-                "`eligibility` must be an EligibilitySets over the new index or None. "
-                f"Received: {type(eligibility).__name__}"
-            )
+    if eligibility is not None:  # the new layer checks its type and its index
         if not constraint.num_eligibility_sets:
             raise ValueError(
                 "The model's constraint holds no eligibility sets; `eligibility` would add "

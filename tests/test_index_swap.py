@@ -296,3 +296,26 @@ def test_versions_exported_before_the_identity_fingerprint_still_read(tmp_path):
     path.write_text(json.dumps(metadata))
     with pytest.raises(ValueError, match="does not match its metadata"):
         read_eligibility(tmp_path / "recs" / "1")
+
+
+def test_bad_inputs_are_refused_in_a_traced_graph_and_by_the_swap():
+    """The same errors when the search is traced (tf.function, static shapes),
+    and for a wrong `eligibility` object given to `replace_index`."""
+    index, search = _eligible_search()
+    context = tf.constant(histories(3))
+
+    @tf.function
+    def restricted(set_ids):
+        return search(context, set_ids=set_ids)
+
+    with pytest.raises(ValueError, match=r"`set_ids` must have one row per batch row: expected 3"):
+        restricted(tf.constant([0, 1], tf.int32))
+    with pytest.raises(TypeError, match=r"`set_ids` must hold integers.*float32"):
+        restricted(tf.constant([0.0, 1.0, 0.0]))
+    model = _model(index, EligibilitySets.build(index, {"a": [10]}))
+    with pytest.raises(ValueError, match="must be an EligibilitySets"):
+        replace_index(model, index, eligibility=[10, 11])
+    with pytest.raises(ValueError, match="must have shape"):
+        MemberCatalogue.from_sorted(np.arange(3), np.arange(2), 3)
+    with pytest.raises(ValueError, match="sorted ascending"):
+        MemberCatalogue.from_sorted(np.array([3, 1, 2]), np.arange(3), 3)
