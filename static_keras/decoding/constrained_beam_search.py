@@ -226,6 +226,11 @@ class ConstrainedBeamSearch(keras.layers.Layer):
 
     @classmethod
     def from_config(cls, config):
+        # Its parts may be layers of modules this process has not imported
+        # yet (a string constraint): `keras.saving.load_model` alone must work.
+        from static_keras.saving import register_layers
+
+        register_layers()
         config = dict(config)
         config["decoder"] = keras.saving.deserialize_keras_object(config["decoder"])
         if config.get("constraint") is not None:
