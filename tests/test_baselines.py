@@ -1,7 +1,5 @@
 """The benchmark baselines: each against the exhaustive oracle inside beam_search."""
 
-import doctest
-import importlib
 import os
 import subprocess
 import sys
@@ -250,21 +248,6 @@ def test_bad_step_raises():
     ppv = PPVExact([[0, 1]], 2)
     with pytest.raises(ValueError, match="step"):
         ppv.candidates(np.zeros((1, 2), "float32"), np.zeros(1, "int32"), 2)
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        "static_keras.baselines.cpu_trie",
-        "static_keras.baselines.hash_bitmap",
-        "static_keras.baselines.ppv_exact",
-        "static_keras.baselines.ppv_approximate",
-    ],
-)
-def test_docstring_examples(name):
-    module = importlib.import_module(name)
-    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert result.attempted > 0 and result.failed == 0
 
 
 @pytest.mark.slow  # a JAX subprocess, 23 s: the kernels' JAX tests run by default

@@ -545,15 +545,6 @@ def test_cli_beam_flags_need_the_beam_runner(tmp_path, capsys):
     assert code == 2 and "--item-id-field needs --runner beam" in capsys.readouterr().err
 
 
-def test_docstring_example_runs():
-    import doctest
-
-    from static_keras.index.beam_build import pipeline
-
-    result = doctest.testmod(pipeline, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert result.attempted > 0 and result.failed == 0
-
-
 def test_beam_build_loads_no_backend():
     code = (
         "import sys, static_keras.index.beam_build\n"

@@ -8,8 +8,12 @@ import keras
 import numpy as np
 import pytest
 from backend_subprocess import run_under
+from decoding_oracles import TABLE_ROWS
+from decoding_oracles import compiled_modes
+from decoding_oracles import exhaustive_ranking
+from decoding_oracles import prefix_logits
+from decoding_oracles import random_table
 from keras import ops
-from test_two_stage_top_k import _modes
 
 from static_keras import CachedTransformerDecoder
 from static_keras import ConstrainedBeamSearch
@@ -18,40 +22,9 @@ from static_keras import beam_search
 from static_keras import constraint_for
 from static_keras.layers import DecodingConstraint
 
-_TABLE_ROWS = 97
-
-
-def _prefix_logits(table):
-    """A deterministic logits function of the prefix (no two rows tie)."""
-
-    def logits_of(prefix):
-        t = prefix.shape[1]
-        weights = ops.convert_to_tensor(np.array([31, 17, 13, 7, 5, 3, 2, 11][:t] or [0], "int32"))
-        code = ops.sum(ops.cast(prefix, "int32") * weights[:t], axis=1) + 29 * t
-        return ops.take(table, code % _TABLE_ROWS, axis=0)
-
-    return logits_of
-
-
-def _table(vocab, seed):
-    return np.random.default_rng(seed).normal(size=(_TABLE_ROWS, vocab)).astype("float32")
-
-
-def _exhaustive_ranking(sequences, table):
-    """Every valid sequence with its total log-softmax score, best first."""
-    weights = np.array([31, 17, 13, 7, 5, 3, 2, 11])
-    log_probs = table - np.log(np.exp(table - table.max(1, keepdims=True)).sum(1, keepdims=True))
-    log_probs -= table.max(1, keepdims=True)
-    scores = np.zeros(len(sequences), np.float32)
-    for t in range(sequences.shape[1]):
-        code = (sequences[:, :t] * weights[:t]).sum(1) + 29 * t
-        scores += log_probs[code % _TABLE_ROWS, sequences[:, t]]
-    order = np.argsort(-scores, kind="stable")
-    return sequences[order], scores[order]
-
 
 def _check_exact(index, table, out, batch_size):
-    expected_tokens, expected_scores = _exhaustive_ranking(index.sequences(), table)
+    expected_tokens, expected_scores = exhaustive_ranking(index.sequences(), table)
     n = len(expected_tokens)
     tokens, scores = np.asarray(out["tokens"]), np.asarray(out["scores"])
     for b in range(batch_size):
@@ -79,8 +52,8 @@ def test_beam_at_least_n_equals_exhaustive_ranking(n, vocab, length, dense_level
     rng = np.random.default_rng(n * 100 + vocab)
     seqs = rng.integers(0, vocab, size=(n, length))
     index = StaticIndex.build(seqs, vocab, dense_levels=dense_levels)
-    table = _table(vocab, seed=n)
-    logits_of = _prefix_logits(ops.convert_to_tensor(table))
+    table = random_table(vocab, seed=n)
+    logits_of = prefix_logits(ops.convert_to_tensor(table))
     beam = index.num_sequences + 3  # larger than the set: padding at the end
     out = beam_search(index, lambda p, s: (logits_of(p), s), batch_size=2, beam_size=beam)
     assert np.asarray(out["tokens"]).shape == (2, beam, length)
@@ -94,8 +67,8 @@ def test_every_token_at_every_level_and_shared_prefixes():
     shared = np.concatenate([np.zeros((5, 5), int), np.arange(5)[:, None]], axis=1)
     for seqs, vocab in ((grid, 3), (shared, 5)):
         index = StaticIndex.build(np.concatenate([seqs, seqs]), vocab)  # with duplicates
-        table = _table(vocab, seed=1)
-        logits_of = _prefix_logits(ops.convert_to_tensor(table))
+        table = random_table(vocab, seed=1)
+        logits_of = prefix_logits(ops.convert_to_tensor(table))
         out = beam_search(index, lambda p, s: (logits_of(p), s), batch_size=1, beam_size=len(seqs))
         _check_exact(index, table, out, batch_size=1)
 
@@ -104,8 +77,8 @@ def test_small_beam_results_are_valid_distinct_and_sorted():
     rng = np.random.default_rng(3)
     seqs = rng.integers(0, 50, size=(3000, 5))
     index = StaticIndex.build(seqs, 50, item_ids=np.arange(3000), on_duplicate_item="first")
-    table = _table(50, seed=2)
-    logits_of = _prefix_logits(ops.convert_to_tensor(table))
+    table = random_table(50, seed=2)
+    logits_of = prefix_logits(ops.convert_to_tensor(table))
     out = beam_search(
         index, lambda p, s: (logits_of(p), s), batch_size=3, beam_size=16, num_results=10
     )
@@ -118,14 +91,14 @@ def test_small_beam_results_are_valid_distinct_and_sorted():
         assert len({tuple(row) for row in tokens[b]}) == 10
         assert np.all(np.diff(scores[b]) <= 0)
     # The best result is the true best valid sequence (it survives any beam).
-    best_tokens, _ = _exhaustive_ranking(index.sequences(), table)
+    best_tokens, _ = exhaustive_ranking(index.sequences(), table)
     np.testing.assert_array_equal(tokens[0, 0], best_tokens[0])
 
 
 def test_state_is_reordered_by_parent_beam():
     """A state that records each chosen token must always equal the prefix."""
     index = StaticIndex.build(np.random.default_rng(4).integers(0, 6, (200, 4)), 6)
-    logits_of = _prefix_logits(ops.convert_to_tensor(_table(6, seed=3)))
+    logits_of = prefix_logits(ops.convert_to_tensor(random_table(6, seed=3)))
     mismatches = []
 
     def step_fn(prefix, history):
@@ -147,7 +120,7 @@ def test_first_step_calls_the_decoder_on_one_row_per_batch_row():
     """Step 0 has one live beam per batch row: the decoder gets B rows there
     and R after it, and a state of B rows decodes as its R-row repeat does."""
     index = StaticIndex.build(np.random.default_rng(5).integers(0, 6, (150, 4)), 6)
-    table = ops.convert_to_tensor(_table(6, seed=4))
+    table = ops.convert_to_tensor(random_table(6, seed=4))
     calls = []
 
     def step_fn(prefix, state):
@@ -155,7 +128,7 @@ def test_first_step_calls_the_decoder_on_one_row_per_batch_row():
         # The logits depend on the row's own state, so a misaligned state
         # (wrong row at step 0, wrong parent later) changes the result.
         code = ops.sum(ops.cast(prefix, "int32"), axis=1) * 5 + state[:, 0] * 11 + prefix.shape[1]
-        return ops.take(table, code % _TABLE_ROWS, axis=0), state
+        return ops.take(table, code % TABLE_ROWS, axis=0), state
 
     per_batch = ops.convert_to_tensor(np.array([[1], [4], [9]], "int32"))
     out = beam_search(index, step_fn, batch_size=3, beam_size=5, initial_state=per_batch)
@@ -186,7 +159,7 @@ def test_beam_one_is_greedy_over_the_allowed_tokens(dense_levels):
     seqs = np.random.default_rng(6).integers(0, 7, (300, 4))
     index = StaticIndex.build(seqs, 7, dense_levels=dense_levels)
     layer = constraint_for(index)  # weights made outside the compiled functions
-    table = _table(7, seed=5)
+    table = random_table(7, seed=5)
     rows = np.array([2, 5, 8, 3], "int32")
     weights = np.array([3, 5, 7, 11])
     mismatches = []
@@ -205,7 +178,7 @@ def test_beam_one_is_greedy_over_the_allowed_tokens(dense_levels):
         out = beam_search(layer, step_fn, batch_size=batch, beam_size=1, initial_state=state)
         return out["tokens"][:, 0], out["scores"][:, 0], ops.stack(mismatches[-3:])
 
-    for (mode, wrap), batch in itertools.product(_modes(), (4, 1)):
+    for (mode, wrap), batch in itertools.product(compiled_modes(), (4, 1)):
         tokens, scores, wrong = (np.asarray(x) for x in wrap(lambda: search(batch))())
         assert not wrong.any(), mode
         for b, row in enumerate(rows[:batch]):
@@ -328,11 +301,11 @@ def test_eager_equals_xla_compiled_search():
 
 
 def test_unconstrained_search_is_plain_top_k():
-    table = _table(5, seed=4)
-    logits_of = _prefix_logits(ops.convert_to_tensor(table))
+    table = random_table(5, seed=4)
+    logits_of = prefix_logits(ops.convert_to_tensor(table))
     grid = np.stack(np.meshgrid(*[np.arange(5)] * 3, indexing="ij"), -1).reshape(-1, 3)
     out = beam_search(None, lambda p, s: (logits_of(p), s), batch_size=1, beam_size=125, length=3)
-    expected_tokens, expected_scores = _exhaustive_ranking(grid, table)
+    expected_tokens, expected_scores = exhaustive_ranking(grid, table)
     np.testing.assert_array_equal(np.asarray(out["tokens"])[0], expected_tokens)
     np.testing.assert_allclose(np.asarray(out["scores"])[0], expected_scores, atol=1e-5)
 
@@ -350,7 +323,7 @@ def _per_beam_top_k_oracle(sequences, vocab, length, table, beam, per_beam, dens
         pool = []
         for prefix, score in beams:
             code = int(np.dot(np.array(prefix, np.int64), weights[:t])) + 29 * t
-            row = log_probs[code % _TABLE_ROWS]
+            row = log_probs[code % TABLE_ROWS]
             if sequences is None:
                 valid = range(vocab)
             else:
@@ -375,8 +348,8 @@ def test_tokens_per_beam_applies_per_beam_after_the_first_step():
         [rng.permutation(vocab)[:50, None], rng.integers(0, vocab, (50, length - 1))], axis=1
     )
     index = StaticIndex.build(seqs, vocab, dense_levels=2)
-    table = _table(vocab, seed=7)
-    logits_of = _prefix_logits(ops.convert_to_tensor(table))
+    table = random_table(vocab, seed=7)
+    logits_of = prefix_logits(ops.convert_to_tensor(table))
     out = beam_search(
         index, lambda p, s: (logits_of(p), s), batch_size=2, beam_size=70, dense_top_k=30
     )
@@ -389,7 +362,7 @@ def test_tokens_per_beam_applies_per_beam_after_the_first_step():
     # (`capped_top_k`); op by op, by a top-k per beam. Both are the oracle.
     layer = constraint_for(index)  # weights made outside the compiled function
     assert not layer.derived_index_weights  # rows of ~56 of 64 tokens: the mask rows
-    for mode, wrap in _modes():
+    for mode, wrap in compiled_modes():
         out = wrap(
             lambda: beam_search(
                 layer, lambda p, s: (logits_of(p), s), batch_size=1, beam_size=40, dense_top_k=5
@@ -429,7 +402,7 @@ def test_whole_vocabulary_ranking_equals_per_beam_candidates(dense_levels):
         StaticIndex.build(seqs, vocab, dense_levels=dense_levels, item_ids=np.arange(300),
                           on_duplicate_item="first")
     )  # fmt: skip
-    logits_of = _prefix_logits(ops.convert_to_tensor(_table(vocab, seed=3)))
+    logits_of = prefix_logits(ops.convert_to_tensor(random_table(vocab, seed=3)))
     for beam, per_beam in ((7, None), (7, 9), (40, None)):
         outs = [
             beam_search(c, lambda p, s: (logits_of(p), s), 3, beam, dense_top_k=per_beam)
@@ -447,9 +420,11 @@ def test_whole_vocabulary_ranking_equals_per_beam_candidates(dense_levels):
 
 def test_unconstrained_baseline_uses_the_same_tokens_per_beam():
     vocab = 9
-    table = _table(vocab, seed=5)
-    logits_of = _prefix_logits(ops.convert_to_tensor(table))
-    for (beam, per_beam), (mode, wrap) in itertools.product(((12, 3), (20, 9), (5, 2)), _modes()):
+    table = random_table(vocab, seed=5)
+    logits_of = prefix_logits(ops.convert_to_tensor(table))
+    for (beam, per_beam), (mode, wrap) in itertools.product(
+        ((12, 3), (20, 9), (5, 2)), compiled_modes()
+    ):
         out = wrap(
             lambda: beam_search(
                 None,
@@ -552,8 +527,8 @@ def test_eos_constraint_ranks_variable_length_members_exactly():
     vocab, eos = 6, 5
     members = [[1, eos], [1, 2, eos], [1, 2, 3, 4, eos], [0, 0, eos], [3, eos], [2, 2, 2, eos]]
     automaton = _DenseAutomaton(members, vocab, eos, max_length=5)
-    table = _table(vocab, seed=7)
-    logits_of = _prefix_logits(ops.convert_to_tensor(table))
+    table = random_table(vocab, seed=7)
+    logits_of = prefix_logits(ops.convert_to_tensor(table))
     out = beam_search(automaton, lambda p, s: (logits_of(p), s), batch_size=2, beam_size=8)
     padded = np.full((len(members), 5), -1)
     for i, member in enumerate(members):
@@ -566,7 +541,7 @@ def test_eos_constraint_ranks_variable_length_members_exactly():
         total = np.float32(0)
         for t, token in enumerate(member):
             code = int((np.array(member[:t], dtype=int) * weights[:t]).sum()) + 29 * t
-            total += log_probs[code % _TABLE_ROWS, token]
+            total += log_probs[code % TABLE_ROWS, token]
         expected.append(total)
     order = np.argsort(-np.array(expected), kind="stable")
     tokens, scores = np.asarray(out["tokens"]), np.asarray(out["scores"])

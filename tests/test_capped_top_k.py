@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_two_stage_top_k import _modes
+from decoding_oracles import compiled_modes
 
 from static_keras.layers import capped_top_k
 
@@ -59,7 +59,7 @@ def test_capped_top_k_equals_the_per_beam_form(kind, beams, vocab, k, cap):
     want_values, want_indices = _oracle(x, k, cap)
     live = np.isfinite(want_values)  # padding's index is unspecified
     assert capped_top_k._block_size(100) == 8 and capped_top_k._block_size(7) == 1
-    for mode, wrap in _modes():
+    for mode, wrap in compiled_modes():
         values, indices = wrap(lambda v: capped_top_k.capped_top_k(v, k, cap))(x)
         np.testing.assert_array_equal(np.asarray(values), want_values, err_msg=mode)
         np.testing.assert_array_equal(np.asarray(indices)[live], want_indices[live], err_msg=mode)

@@ -5,8 +5,8 @@ import itertools
 
 import numpy as np
 import pytest
+from decoding_oracles import compiled_modes
 from keras import ops
-from test_two_stage_top_k import _modes
 
 from static_keras import ConstrainedDecoding
 from static_keras import StaticIndex
@@ -133,7 +133,7 @@ def test_beam_search_with_rows_equals_without(dense_levels, monkeypatch):
     # the rows' uncapped candidates, or over the mask rows' whole matrix):
     # the same beams as the per-beam top-k run eagerly.
     want = beam_search(layers[1], step_fn, 2, 12, dense_top_k=2)
-    for (mode, wrap), layer in itertools.product(list(_modes())[1:], layers):
+    for (mode, wrap), layer in itertools.product(list(compiled_modes())[1:], layers):
         out = wrap(lambda: beam_search(layer, step_fn, 2, 12, dense_top_k=2))()
         for key in ("tokens", "item_ids"):
             np.testing.assert_array_equal(np.asarray(out[key]), np.asarray(want[key]), mode)

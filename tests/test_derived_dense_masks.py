@@ -15,6 +15,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+from decoding_oracles import compiled_modes
 from keras import ops
 
 from static_keras import ConstrainedDecoding
@@ -39,15 +40,6 @@ def _unpack(words):
     return np.unpackbits(as_bytes, axis=-1, bitorder="little").reshape(words.shape + (32,)) == 1
 
 
-def _modes():
-    yield "eager", lambda f: f
-    if keras.config.backend() == "tensorflow":
-        import tensorflow as tf
-
-        yield "graph", lambda f: tf.function(f, autograph=False)
-        yield "xla", lambda f: tf.function(f, jit_compile=True, autograph=False)
-
-
 def test_shifts_and_low_masks_at_every_amount():
     x = np.array([-1, -(2**31), 0x12345678, 1], np.int32)[:, None]
     as_u = x.view(np.uint32).astype(np.uint64)
@@ -55,7 +47,7 @@ def test_shifts_and_low_masks_at_every_amount():
     right = ((as_u >> k.astype(np.uint64)) & 0xFFFFFFFF).astype(np.uint32)
     left = ((as_u << k.astype(np.uint64)) & 0xFFFFFFFF).astype(np.uint32)
     ks = np.arange(-3, 37, dtype=np.int32)
-    for mode, wrap in _modes():
+    for mode, wrap in compiled_modes(jax_jit=False):
         got = np.asarray(wrap(bit_fields.shift_right_by)(x, k[:, :32])).view(np.uint32)
         np.testing.assert_array_equal(got, right[:, :32], err_msg=mode)
         got = np.asarray(wrap(bit_fields.shift_right_by_up_to_32)(x, k[:, 1:])).view(np.uint32)
@@ -81,7 +73,7 @@ def test_compress_and_expand_are_pext_and_pdep(density):
         want_compress[i, : chosen.size] = x_bits[i, chosen]
         want_expand[i, chosen] = x_bits[i, : chosen.size]
     host_moves = bit_fields.host_compress_moves(m)
-    for mode, wrap in _modes():
+    for mode, wrap in compiled_modes(jax_jit=False):
         for moves in (None, host_moves):  # computed in the graph, or precomputed
             compress = np.asarray(wrap(lambda x, m: bit_fields.compress(x, m, moves))(x, m))
             expand = np.asarray(wrap(lambda x, m: bit_fields.expand(x, m, moves))(x, m))
@@ -103,7 +95,7 @@ def test_segment_any_marks_each_segment_with_a_set_bit(width, start_density):
         for a, b in zip(opened, list(opened[1:]) + [width * 32]):
             want[r, a] = bit_flags[r, a:b].any()
     masks = bit_fields.segment_masks(starts)
-    for mode, wrap in _modes():
+    for mode, wrap in compiled_modes(jax_jit=False):
         got = _unpack(wrap(bit_fields.segment_any)(bits, starts, masks)).reshape(50, -1)
         np.testing.assert_array_equal(got, want, err_msg=mode)
 
@@ -165,7 +157,7 @@ def test_derived_rows_equal_the_stored_rows(vocab, n, length, dense_levels, heav
         masks = derived_dense_masks.mask_fields(index_masks[rows])
         first_word = (table[offsets[t] : offsets[t] + vocab**t] >> 5).astype(np.int32)
         for s in range(sets.num_sets):
-            for mode, wrap in _modes():
+            for mode, wrap in compiled_modes(jax_jit=False):
 
                 def derive(set_rows):
                     return derived_dense_masks.derived_words(
@@ -209,7 +201,7 @@ def test_mask_rows_read_or_recompute_the_stored_planes():
     fields = derived_dense_masks.mask_fields(index_masks)
     table = derived_dense_masks.planes_first(fields)
     rows = np.r_[rng.integers(0, 40, 25), [0, 1, 39, 0]].astype(np.int32)
-    for mode, wrap in _modes():
+    for mode, wrap in compiled_modes(jax_jit=False):
         got = wrap(lambda r, w: derived_dense_masks.mask_rows(table, r, w))(rows, index_masks[rows])
         assert len(got) == derived_dense_masks.MASK_FIELDS
         for plane, value in enumerate(got):

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import doctest
 import os
 import textwrap
 
@@ -404,16 +403,6 @@ def test_save_load_round_trip_binds_to_the_catalogue(tmp_path):
     index.save(tmp_path / "index.npz")
     with pytest.raises(ValueError, match="not a static-keras eligibility sets file"):
         EligibilitySets.load(tmp_path / "index.npz", index)
-
-
-@pytest.mark.parametrize(
-    "module", ["static_keras.index.eligibility", "static_keras.index.static_index"]
-)
-def test_docstring_examples(module):
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(module))
-    assert result.attempted > 0 and result.failed == 0
 
 
 # ----------------------------------------------------------------------------

@@ -21,10 +21,10 @@ import keras
 import numpy as np
 import pytest
 from backend_subprocess import run_under
+from decoding_oracles import exhaustive_ranking
+from decoding_oracles import prefix_logits
+from decoding_oracles import random_table
 from keras import ops
-from test_beam_search import _exhaustive_ranking
-from test_beam_search import _prefix_logits
-from test_beam_search import _table
 
 from static_keras import ConstrainedBeamSearch
 from static_keras import ConstrainedDecoding
@@ -413,7 +413,7 @@ def _check_search(index, sets, out, set_ids, excluded_ids, table, beam_size):
         assert set(items[b][live].tolist()) <= allowed_ids
         assert np.all(items[b][~live] == -1) and np.all(tokens[b][~live] == -1)
         if beam_size >= members.size:
-            want_tokens, want_scores = _exhaustive_ranking(sequences[members], table)
+            want_tokens, want_scores = exhaustive_ranking(sequences[members], table)
             np.testing.assert_array_equal(tokens[b, : members.size], want_tokens)
             np.testing.assert_allclose(scores[b, : members.size], want_scores, atol=1e-5)
 
@@ -426,8 +426,8 @@ def test_beam_search_ranks_exactly_the_eligible_members(dense_levels):
     catalogue = MemberCatalogue.from_index(index)
     set_ids, excluded_ids = requests(index, sets)
     excluded = catalogue.exclusion_members(excluded_ids)
-    table = _table(VOCAB, seed=dense_levels)
-    logits_of = _prefix_logits(ops.convert_to_tensor(table))
+    table = random_table(VOCAB, seed=dense_levels)
+    logits_of = prefix_logits(ops.convert_to_tensor(table))
     for beam_size, per_beam in ((index.num_members, None), (3, None), (4, 2)):
         out = beam_search(
             layer,
@@ -447,7 +447,7 @@ def test_beam_search_ranks_exactly_the_eligible_members(dense_levels):
 
 def test_beam_search_without_eligibility_is_unchanged():
     index = semantic_index(1)
-    logits_of = _prefix_logits(ops.convert_to_tensor(_table(VOCAB, seed=0)))
+    logits_of = prefix_logits(ops.convert_to_tensor(random_table(VOCAB, seed=0)))
     plain = beam_search(index, lambda p, s: (logits_of(p), s), 2, 5)
     layer = ConstrainedDecoding(index, eligibility=random_sets(index, 0))
     every = beam_search(
@@ -464,8 +464,8 @@ def test_constrained_beam_search_layer_takes_per_row_inputs():
     catalogue = MemberCatalogue.from_index(index)
     set_ids, excluded_ids = requests(index, sets)
     excluded = catalogue.exclusion_members(excluded_ids)
-    table = _table(VOCAB, seed=1)
-    logits_of = _prefix_logits(ops.convert_to_tensor(table))
+    table = random_table(VOCAB, seed=1)
+    logits_of = prefix_logits(ops.convert_to_tensor(table))
 
     class Decoder(keras.layers.Layer):
         def call(self, prefix, state):
@@ -495,9 +495,9 @@ def tiny():
 
 
 def test_string_beam_search_ranks_exactly_the_eligible_members(tiny):
-    from test_strings_decoding import _ranked_tokenizations
-    from test_strings_decoding import _step_fn
-    from test_strings_decoding import _table as string_table
+    from test_strings_fixtures import ranked_tokenizations
+    from test_strings_fixtures import string_step_fn
+    from test_strings_fixtures import string_table
 
     vocab, members, index = tiny
     sets = EligibilitySets.build(index, {"odd": [1, 3], "none": [], "most": [0, 1, 2, 4]})
@@ -505,7 +505,7 @@ def test_string_beam_search_ranks_exactly_the_eligible_members(tiny):
     layer = type(layer)(index, eligibility=sets)
     catalogue = MemberCatalogue.from_index(index)
     table = string_table(vocab.vocab_size, seed=4)
-    sequences, scores = _ranked_tokenizations(vocab, members, index, table)
+    sequences, scores = ranked_tokenizations(vocab, members, index, table)
     best = {}
     for sequence, score in zip(sequences, scores):
         best.setdefault(vocab.decode(sequence).decode(), (sequence, score))
@@ -514,7 +514,7 @@ def test_string_beam_search_ranks_exactly_the_eligible_members(tiny):
     excluded = catalogue.exclusion_members(excluded_ids)
     for beam_size in (32, 2):
         out = beam_search(
-            layer, _step_fn(table), set_ids.size, beam_size, eligibility=(set_ids, excluded)
+            layer, string_step_fn(table), set_ids.size, beam_size, eligibility=(set_ids, excluded)
         )
         tokens, got, items = (np.asarray(out[k]) for k in ("tokens", "scores", "item_ids"))
         for b in range(set_ids.size):

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import dataclasses
-import doctest
 import sys
 import threading
 import time
@@ -28,14 +27,12 @@ from test_strings_fixtures import random_byte_vocabulary
 from static_keras.constants import MASKED_LOGIT
 from static_keras.index import StaticIndex
 from static_keras.index.eligibility import EligibilitySets
-from static_keras.serving import registry as registry_module
 from static_keras.serving.registry import ConstraintIndexRegistry
 from static_keras.serving.registry import IndexNotReadyError
 from static_keras.serving.registry import UnknownSetError
 from static_keras.strings import StringIndex
 from static_keras.strings import StringLogitsProcessor
 from static_keras.strings import TokenVocabulary
-from static_keras.strings import logits_processor as processor_module
 
 # ----------------------------------------------------------------------------
 # Registry
@@ -557,9 +554,3 @@ def test_bad_restrictions_get_clear_errors(small):
         StringLogitsProcessor(index, EligibilitySets.build(other, {"s": [0]}))
     with pytest.raises(ValueError, match="must be EligibilitySets"):
         StringLogitsProcessor(index, {"s": [0]})
-
-
-@pytest.mark.parametrize("module", [registry_module, processor_module])
-def test_docstring_examples(module):
-    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert result.attempted > 0 and result.failed == 0

@@ -7,8 +7,8 @@ import keras
 import numpy as np
 import pytest
 from backend_subprocess import run_under
+from decoding_oracles import compiled_modes
 from keras import ops
-from test_two_stage_top_k import _modes
 
 from static_keras.layers import gather
 
@@ -60,7 +60,7 @@ def _check_every_gather(wrap, label):
 
 
 def test_gathers_equal_numpy_indexing_in_every_mode():
-    for label, wrap in _modes():
+    for label, wrap in compiled_modes():
         _check_every_gather(wrap, label)
 
 
@@ -69,8 +69,8 @@ _JAX_SCRIPT = textwrap.dedent(
     import sys
     sys.path.insert(0, sys.argv[1])
     import test_gather as t
-    from test_two_stage_top_k import _modes
-    for label, wrap in _modes():
+    from decoding_oracles import compiled_modes
+    for label, wrap in compiled_modes():
         t._check_every_gather(wrap, label)
     print("jax gathers ok")
     """

@@ -8,8 +8,6 @@ as valid token sequences finds all of them, scored as the oracle scores
 every sequence with the same model; `CausalLMDecoder` + `beam_search` agrees.
 """
 
-import doctest
-import importlib
 import subprocess
 import sys
 
@@ -436,22 +434,6 @@ def test_semantic_id_beams_equal_the_oracle_and_beam_search(causal_lm, semantic_
         assert out[b, n : n + 3].tolist() == oracle and out[b, n + 3] == EOS
         assert np.asarray(searched["tokens"])[b, 0].tolist() == oracle
         assert np.asarray(searched["item_ids"])[b, 0] == 100 + sequences.index(oracle)
-
-
-# Docstring examples ------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        "static_keras.keras_hub.constrained_sampler",
-        "static_keras.keras_hub.constrained_beam_sampler",
-        "static_keras.keras_hub.causal_lm_decoder",
-    ],
-)
-def test_docstring_examples(name):
-    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0
 
 
 def test_static_keras_does_not_import_keras_hub():

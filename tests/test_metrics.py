@@ -1,6 +1,5 @@
 """RecallAtK against a plain NumPy oracle, its Keras plumbing and other backends."""
 
-import doctest
 import importlib
 import importlib.util
 import os
@@ -150,11 +149,6 @@ def test_bad_arguments():
         RecallAtK(2).update_state(np.array([1.0]), np.array([[1, 2]]))
     with pytest.raises(ValueError, match=r"\[B\] or \[B, T\]"):
         RecallAtK(2).update_state(np.array([1]), np.array([1, 2]))
-
-
-def test_docstring_examples():
-    result = doctest.testmod(recall_module, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert result.attempted > 0 and result.failed == 0
 
 
 class HistoryScores(keras.layers.Layer):

@@ -10,9 +10,11 @@ pytest.importorskip("tokenizers", reason="vocabularies are trained with `tokeniz
 from backend_subprocess import run_under
 from keras import ops
 from test_strings_fixtures import MEMBERS
-from test_strings_fixtures import Oracle
 from test_strings_fixtures import byte_level_vocabulary
+from test_strings_fixtures import ranked_tokenizations
 from test_strings_fixtures import reachable_by_step
+from test_strings_fixtures import string_step_fn
+from test_strings_fixtures import string_table
 
 from static_keras import MASKED_LOGIT
 from static_keras import CachedTransformerDecoder
@@ -23,9 +25,6 @@ from static_keras.strings import StringIndex
 from static_keras.strings import StringLogitsProcessor
 from static_keras.strings import TokenVocabulary
 from static_keras.strings.string_constrained_decoding import StringConstrainedDecoding
-
-_ROWS = 97
-_WEIGHTS = np.array([31, 17, 13, 7, 5, 3, 2, 11, 19, 23, 29, 37, 41, 43, 47, 53] * 4)
 
 
 @pytest.fixture(scope="module")
@@ -44,41 +43,6 @@ def tiny():
     vocab = TokenVocabulary.from_token_bytes(tokens, special=[7], eos_token_id=7)
     members = ["abc", "ab", "cab", "b", "bca"]
     return vocab, members, StringIndex.from_strings(members, vocab)
-
-
-def _table(vocab, seed=0):
-    return np.random.default_rng(seed).normal(size=(_ROWS, vocab)).astype("float32") * 3
-
-
-def _code(prefix):
-    t = len(prefix)
-    return (int((np.array(prefix, dtype=np.int64) * _WEIGHTS[:t]).sum()) + 29 * t) % _ROWS
-
-
-def _step_fn(table):
-    tensor = ops.convert_to_tensor(table)
-
-    def step(prefix, state):
-        t = prefix.shape[1]
-        code = ops.zeros((ops.shape(prefix)[0],), "int32") + 29 * t
-        if t:
-            code = code + ops.sum(prefix * ops.convert_to_tensor(_WEIGHTS[:t], "int32"), axis=1)
-        return ops.take(tensor, ops.mod(code, _ROWS), axis=0), state
-
-    return step
-
-
-def _sequences(oracle, vocabulary, eos, limit):
-    """Every token sequence (EOS included) that spells a member, by brute force."""
-    out, stack = [], [((), b"")]
-    while stack:
-        tokens, prefix = stack.pop()
-        for token in sorted(oracle.allowed(prefix)):
-            if token == eos:
-                out.append(tokens + (eos,))
-            elif len(tokens) + 1 < limit:
-                stack.append((tokens + (token,), prefix + vocabulary.token_bytes[token]))
-    return out
 
 
 # The layer against the index ---------------------------------------------------
@@ -216,15 +180,6 @@ def test_eager_equals_xla(index):
 # Beam search -------------------------------------------------------------------
 
 
-def _ranked_tokenizations(vocab, members, index, table):
-    oracle = Oracle(members, vocab, index.eos_token_id)
-    sequences = _sequences(oracle, vocab, index.eos_token_id, index.length)
-    log_probs = table - np.log(np.exp(table).sum(1, keepdims=True))
-    scores = [sum(log_probs[_code(s[:t]), s[t]] for t in range(len(s))) for s in sequences]
-    order = np.argsort(-np.array(scores), kind="stable")
-    return [sequences[i] for i in order], [scores[i] for i in order]
-
-
 def _assert_results(out, vocab, members, index, sequences, scores, beam_size):
     tokens, got, items = (np.asarray(out[k]) for k in ("tokens", "scores", "item_ids"))
     assert tokens.shape == (2, beam_size, index.length)
@@ -241,18 +196,20 @@ def _assert_results(out, vocab, members, index, sequences, scores, beam_size):
 
 def test_beam_search_ranks_every_tokenization_exactly(tiny):
     vocab, members, index = tiny
-    table = _table(vocab.vocab_size, seed=4)
-    sequences, scores = _ranked_tokenizations(vocab, members, index, table)
+    table = string_table(vocab.vocab_size, seed=4)
+    sequences, scores = ranked_tokenizations(vocab, members, index, table)
     assert 8 < len(sequences) <= 32
-    out = beam_search(index, _step_fn(table), batch_size=2, beam_size=32, distinct_items=False)
+    out = beam_search(
+        index, string_step_fn(table), batch_size=2, beam_size=32, distinct_items=False
+    )
     _assert_results(out, vocab, members, index, sequences, scores, 32)
 
 
 @pytest.mark.parametrize("beam_size", [32, 8, 5])
 def test_beam_search_returns_each_member_once_with_its_best_tokenization(tiny, beam_size):
     vocab, members, index = tiny
-    table = _table(vocab.vocab_size, seed=4)
-    sequences, scores = _ranked_tokenizations(vocab, members, index, table)
+    table = string_table(vocab.vocab_size, seed=4)
+    sequences, scores = ranked_tokenizations(vocab, members, index, table)
     best, seen = [], set()
     for sequence, score in zip(sequences, scores):  # sorted: the first is the best
         text = vocab.decode(sequence)
@@ -262,7 +219,7 @@ def test_beam_search_returns_each_member_once_with_its_best_tokenization(tiny, b
     assert len(best) == len(members) < len(sequences)
     # Every beam size that holds all token paths is exact; smaller beams
     # (down to K) must still return distinct members, best first.
-    out = beam_search(index, _step_fn(table), batch_size=2, beam_size=beam_size)
+    out = beam_search(index, string_step_fn(table), batch_size=2, beam_size=beam_size)
     if beam_size >= len(sequences):
         _assert_results(out, vocab, members, index, *zip(*best), beam_size)
     items = np.asarray(out["item_ids"])
@@ -274,8 +231,8 @@ def test_beam_search_returns_each_member_once_with_its_best_tokenization(tiny, b
 
 
 def test_beam_search_with_a_bpe_vocabulary_returns_members(index, bpe):
-    table = _table(bpe.vocab_size, seed=5)
-    out = beam_search(index, _step_fn(table), batch_size=3, beam_size=6)
+    table = string_table(bpe.vocab_size, seed=5)
+    out = beam_search(index, string_step_fn(table), batch_size=3, beam_size=6)
     tokens, scores, items = (np.asarray(out[k]) for k in ("tokens", "scores", "item_ids"))
     for b in range(3):
         live = scores[b][items[b] >= 0]

@@ -235,3 +235,56 @@ def reachable_by_step(index):
         _, _, states = index.edges(sorted(frontier))
         frontier = set(states.tolist())
     return out
+
+
+# Beam search oracles -------------------------------------------------------
+
+_ROWS = 97
+_WEIGHTS = np.array([31, 17, 13, 7, 5, 3, 2, 11, 19, 23, 29, 37, 41, 43, 47, 53] * 4)
+
+
+def string_table(vocab, seed=0):
+    return np.random.default_rng(seed).normal(size=(_ROWS, vocab)).astype("float32") * 3
+
+
+def _code(prefix):
+    t = len(prefix)
+    return (int((np.array(prefix, dtype=np.int64) * _WEIGHTS[:t]).sum()) + 29 * t) % _ROWS
+
+
+def string_step_fn(table):
+    """A decoder step whose logits are `table`'s row for a hash of the prefix."""
+    from keras import ops  # this module stays free of Keras until a decode needs it
+
+    tensor = ops.convert_to_tensor(table)
+
+    def step(prefix, state):
+        t = prefix.shape[1]
+        code = ops.zeros((ops.shape(prefix)[0],), "int32") + 29 * t
+        if t:
+            code = code + ops.sum(prefix * ops.convert_to_tensor(_WEIGHTS[:t], "int32"), axis=1)
+        return ops.take(tensor, ops.mod(code, _ROWS), axis=0), state
+
+    return step
+
+
+def _sequences(oracle, vocabulary, eos, limit):
+    """Every token sequence (EOS included) that spells a member, by brute force."""
+    out, stack = [], [((), b"")]
+    while stack:
+        tokens, prefix = stack.pop()
+        for token in sorted(oracle.allowed(prefix)):
+            if token == eos:
+                out.append(tokens + (eos,))
+            elif len(tokens) + 1 < limit:
+                stack.append((tokens + (token,), prefix + vocabulary.token_bytes[token]))
+    return out
+
+
+def ranked_tokenizations(vocab, members, index, table):
+    oracle = Oracle(members, vocab, index.eos_token_id)
+    sequences = _sequences(oracle, vocab, index.eos_token_id, index.length)
+    log_probs = table - np.log(np.exp(table).sum(1, keepdims=True))
+    scores = [sum(log_probs[_code(s[:t]), s[t]] for t in range(len(s))) for s in sequences]
+    order = np.argsort(-np.array(scores), kind="stable")
+    return [sequences[i] for i in order], [scores[i] for i in order]

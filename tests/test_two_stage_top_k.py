@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+from decoding_oracles import compiled_modes
 
 from static_keras.layers import two_stage_top_k
 
@@ -13,20 +14,6 @@ def _oracle(x, k):
     """Descending by value, ties by lower index: NumPy's stable sort."""
     order = np.argsort(-x, axis=1, kind="stable")[:, :k]
     return np.take_along_axis(x, order, axis=1), order
-
-
-def _modes():
-    yield "eager", lambda f: f
-    backend = keras.config.backend()
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        yield "graph", lambda f: tf.function(f, autograph=False)
-        yield "xla", lambda f: tf.function(f, jit_compile=True, autograph=False)
-    elif backend == "jax":
-        import jax
-
-        yield "jit", jax.jit
 
 
 def _rows(kind, rows, n, rng):
@@ -56,7 +43,7 @@ def _rows(kind, rows, n, rng):
 def test_two_stage_top_k_equals_a_stable_sort(kind, n, k):
     x = _rows(kind, 3, n, np.random.default_rng(n + k))
     want_values, want_indices = _oracle(x, k)
-    for mode, wrap in _modes():
+    for mode, wrap in compiled_modes():
         values, indices = wrap(lambda v: two_stage_top_k.top_k(v, k))(x)
         values, indices = np.asarray(values), np.asarray(indices)
         np.testing.assert_array_equal(values, want_values, err_msg=mode)
