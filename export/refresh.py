@@ -94,7 +94,7 @@ def _copy_with(model: keras.Model, old: ConstrainedBeamSearch, new: ConstrainedB
     without tracing the beam search again.
 
     Calling `new` on the copy's symbolic inputs would trace the whole search
-    (every decoder step: 1.3 s of a 1.4 s swap at 1e5 items) only to find
+    (every decoder step: most of a swap's time) only to find
     the output specs `old` already has: the search's outputs are fixed by
     its settings, its decoder (both the same here), and its constraint's
     length and item ids (checked). So `new` is called as usual (build,

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from static_keras.layers import execution_mode
+from static_keras.layers import execution_plan
 from static_keras.layers import sorted_search
 
 SENTINEL = 2**31 - 1
@@ -64,9 +64,9 @@ def test_rows_of_unknown_width_in_a_tf_graph_and_under_xla():
         np.testing.assert_array_equal(fn(rows, values).numpy(), expected_below(rows, values))
 
 
-def test_the_execution_mode_is_told_apart():
+def test_the_execution_plan_follows_the_compilation_context():
     if keras.backend.backend() != "tensorflow":
-        assert not execution_mode.tf_op_by_op()
+        assert execution_plan.current().compiled == (keras.backend.backend() == "jax")
         return
     import tensorflow as tf
 
@@ -74,9 +74,26 @@ def test_the_execution_mode_is_told_apart():
     for jit in (False, True):
 
         def probe(x, jit=jit):
-            seen[jit] = execution_mode.tf_op_by_op()
+            seen[jit] = execution_plan.current()
             return x
 
         tf.function(probe, jit_compile=jit)(tf.constant(1))
-    assert seen == {False: True, True: False}
-    assert execution_mode.tf_op_by_op()  # eager
+    assert seen == {False: execution_plan.TF_OP_BY_OP, True: execution_plan.XLA_CPU_TF}
+    assert execution_plan.current() is execution_plan.TF_OP_BY_OP  # eager
+
+
+def test_a_pinned_plan_wins_and_unpins():
+    with execution_plan.using(execution_plan.XLA_TPU):
+        assert execution_plan.current() is execution_plan.XLA_TPU
+    assert execution_plan.current() is not execution_plan.XLA_TPU
+    with pytest.raises(ValueError, match="ExecutionPlan"):
+        with execution_plan.using("xla"):
+            pass
+
+
+@pytest.mark.parametrize("plan", execution_plan.PLANS, ids=lambda p: p.name)
+def test_count_below_is_the_same_under_every_plan(plan):
+    rows, values = rows_and_values(3, 13)
+    with execution_plan.using(plan):
+        got = sorted_search.count_below(rows, values, 16)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(got), expected_below(rows, values))

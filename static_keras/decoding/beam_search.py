@@ -14,7 +14,7 @@ from static_keras.constants import PAD_TOKEN
 from static_keras.index.automaton import TokenAutomaton
 from static_keras.layers import capped_top_k
 from static_keras.layers import eligibility_step
-from static_keras.layers import execution_mode
+from static_keras.layers import execution_plan
 from static_keras.layers import gather
 from static_keras.layers import two_stage_top_k
 from static_keras.layers.automaton_constraint import AutomatonConstraint
@@ -214,11 +214,11 @@ def beam_search(
         # A beam never gives more than `beam_size` survivors, so a cap of
         # `beam_size` or more never binds: then no per-beam top-k at all.
         cap = None if per_beam >= beam_size and (eos is None or step == 0) else per_beam
-        # Compiled by XLA, a binding cap is applied by rankings of the whole
-        # batch row (`capped_top_k`) where the constraint has the matrix:
-        # cheaper there than a heap top-k per beam. Op by op, the per-beam
-        # top-k's two kernels beat its ~100 small ops.
-        capped_rows = cap is not None and eos is None and execution_mode.xla_compiled()
+        # A binding cap by rankings of whole batch rows (`capped_top_k`),
+        # where the plan says so, or by a top-k per beam.
+        capped_rows = (
+            cap is not None and eos is None and execution_plan.current().rank_capped_beams_by_row
+        )
         scores, tokens, next_states, apply_cap = _step_candidates(
             constraint, logits, row_states, step, cap, per_beam, here, eos is None, capped_rows
         )

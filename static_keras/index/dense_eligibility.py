@@ -46,8 +46,8 @@ def dense_boundary_table(layout, arrays) -> np.ndarray:
     np.cumsum(valid, out=first_state[1:])
     # Depth d is the first member below the first tail state at or after
     # each code: a non-decreasing count of valid codes, so it takes at most
-    # `level_sizes[d] + 1` values. Walk those, then gather (walking all
-    # V**d + 1 entries took 0.43 s at V = 2048, d = 2, 10^5 items; 0.05 s).
+    # `level_sizes[d] + 1` values. Walk those, then gather: far fewer
+    # steps than walking all V**d + 1 entries.
     states = np.arange(first_state[-1] + 1, dtype=np.int64)
     depth = np.full(states.size, d, np.int64)
     first_members = host_member_ranges.first_tail_members(layout, arrays, states, depth)

@@ -1,7 +1,8 @@
 """One-file index archives: an uncompressed `.npz` plus one JSON document.
 
-Shared by the semantic-ID index (`index.serialization`) and the string index
-(`strings.serialization`), which differ only in their layout and arrays:
+Shared by the index archives of both kinds (`index.archive`: semantic IDs
+and string sets, which differ only in their layout and arrays) and by
+eligibility sets files (`index.eligibility`):
 
 - `write` writes a temporary file beside the target, fsyncs it and renames
   it, so a reader (a server polling a folder) never sees half a file;

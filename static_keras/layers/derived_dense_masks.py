@@ -38,7 +38,7 @@ from keras import ops
 
 from static_keras.index import layout as host_layout
 from static_keras.layers import bit_fields
-from static_keras.layers import execution_mode
+from static_keras.layers import execution_plan
 from static_keras.layers import gather
 
 #: Stored dense rows of a depth may cost at most this many bits per member
@@ -174,13 +174,12 @@ def mask_rows(table, rows, index_words):
     mask_words]`) from their `planes_first` table and the rows themselves
     (`index_words`).
 
-    Where TF runs op by op, all 6 are gathered. Compiled (XLA: TF
-    `jit_compile`, JAX), the 5 `expand` moves are recomputed from the rows
-    instead (about 70 bit ops per word, fused into the expand): cheaper
-    than reading 5 cold planes, 1.3 KB per row, in a serving loop; only the
-    bit offsets are gathered.
+    All 6 are gathered, or, where the plan says so
+    (`recompute_expand_moves`), the 5 `expand` moves are recomputed from the
+    rows (bit ops XLA fuses into the expand) and only the bit offsets are
+    gathered.
     """
-    if not execution_mode.xla_compiled():
+    if not execution_plan.current().recompute_expand_moves:
         return plane_rows(table, MASK_FIELDS, rows)
     before = gather.take(table, (MASK_FIELDS - 1) * (table.shape[0] // MASK_FIELDS) + rows)
     return [*bit_fields.compress_moves(index_words), before]
@@ -209,7 +208,7 @@ def derived_words(words, fields, masks, first_word, set_rows, index_words):
     found = bit_fields.segment_any(eligible, opens, fields[7:14])
     found = bit_fields.compress(found, opens, fields[2:7])
     children = _concatenate(found, fields[14], index_words.shape[1])
-    return execution_mode.computed_once(_spread(children, index_words, masks[:5], masks[5]))
+    return _computed_once(_spread(children, index_words, masks[:5], masks[5]))
 
 
 def _concatenate(pieces, offset, mask_words: int):
@@ -245,3 +244,16 @@ def _spread(children, index_words, moves, before):
     high = bit_fields.shift_left_by_up_to_32(gather.take(flat, word + 1), 32 - shift)
     piece = ops.bitwise_or(low, high)
     return bit_fields.expand(piece, index_words, moves)  # keeps popcount(m) low bits
+
+
+def _computed_once(x):
+    """`x`, written once where the plan says so (`materialise_derived_words`):
+    XLA would otherwise fuse its ~100 bit ops per word into each consumer
+    element. XLA:CPU drops optimization barriers before fusion, so `x`
+    passes through an identity `segment_sum` (a fusion root) instead."""
+    if execution_plan.current().materialise_derived_words:
+        flat = ops.reshape(x, (-1,))
+        size = flat.shape[0] if flat.shape[0] is not None else ops.shape(flat)[0]
+        summed = ops.segment_sum(flat, ops.arange(size, dtype="int32"), size)
+        return ops.reshape(summed, ops.shape(x))
+    return x

@@ -354,9 +354,8 @@ def dense_member_codes(layout, boundaries) -> np.ndarray:
     Members are in code order, so depth d's block of the table is where
     each code's members start: a repeat, no search. A request's exclusions
     read their codes here with one gather (`dense_codes`) instead of a
-    binary search per dense depth, whose ~8 dependent cache misses per
-    member (the table's 8 KB parent blocks) were a decode's largest
-    eligibility cost under the serving loop (cold caches).
+    binary search per dense depth (dependent cache misses per member, the
+    largest eligibility cost with cold caches).
     """
     d, vocab = layout.dense_levels, layout.vocab_size
     start = dense_boundary_offsets(layout)[d]

@@ -1,30 +1,19 @@
-"""Searches in sorted rows, formulated per execution mode.
+"""Counts in sorted rows: `np.searchsorted(row, values, "left")` per row.
 
-A request's excluded members are searched at every eligible step, so the
-search must be cheap where the layer runs:
-
-- under XLA (TF `jit_compile`, JAX) and on other backends: a branch-free
-  binary search by powers of two, `log2(P)` fused gathers of `[R, Q]`
-  (XLA lowers `tf.searchsorted` to an all-pairs `[R, Q, P]` compare, 13x
-  slower at Q = 40, P = 101);
-- where TensorFlow runs op by op (its graph executor, what TF Serving runs
-  by default, and eager): one `tf.searchsorted` kernel, because the hand
-  search is about 35 ops the executor dispatches one by one (2.1 ms against 0.7 ms for `[2560, 4]`
-  queries in rows of 101; `benchmarks/decoding/eligibility_step.py`).
-
-Both give the same int32 counts. The choice is made when the ops are built
-(`tf_op_by_op`): a SavedModel exported without XLA carries the
-`searchsorted` form, which is also what TF Serving runs; a graph later
-auto-clustered by XLA (`--tf_xla_auto_jit`) still computes the same counts,
-only slower.
+A request's excluded members are searched at every eligible step. Two
+formulations give the same int32 counts; the execution plan picks one
+(`sorted_search`): one `tf.searchsorted` kernel where TensorFlow runs op by
+op, or a branch-free binary search by powers of two (`log2(P)` fused
+gathers) under XLA, whose `searchsorted` lowering is an all-pairs compare.
 """
 
 from __future__ import annotations
 
+import keras
 from keras import ops
 
+from static_keras.layers import execution_plan
 from static_keras.layers import gather
-from static_keras.layers.execution_mode import tf_op_by_op
 
 
 def count_below(sorted_rows, values, max_width: int):
@@ -36,7 +25,8 @@ def count_below(sorted_rows, values, max_width: int):
         values: int32 `[R, Q]`.
         max_width: the most entries a row may have when P is not static.
     """
-    if tf_op_by_op():
+    plan = execution_plan.current()
+    if plan.sorted_search == "searchsorted" and keras.config.backend() == "tensorflow":
         import tensorflow as tf
 
         return tf.searchsorted(sorted_rows, values, side="left", out_type=tf.int32)

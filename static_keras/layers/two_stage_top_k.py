@@ -1,16 +1,14 @@
 """Top-k of long rows in two stages: block maxima first, then the best blocks.
 
 A beam search's ranking over every (beam, token) of a batch row is a top-k
-over `beam_size * V` values (`[2, 143360]` at batch 2 x beam 70, `[128,
-40960]` at 128 x 20). The CPU top-k kernels of XLA and TensorFlow scan each
-row with a heap, about 14 ms for `[128, 40960]` at k = 20 on a 2-core CPU,
-more than the rest of that decoding step. Split each row into blocks of `b`
-values: the k best values lie in the k blocks with the best maxima (a block
-outside those has k better maxima above its own, so k better values), so a
-vectorised max over the blocks, a top-k over the `n / b` maxima and one over
-the `k x b` values of the chosen blocks give the same result at about
-`n / b + k b` heap steps instead of `n`: 4.8 ms instead of 14.8 under JAX
-for that case (`docs/benchmarks.md`). The chosen blocks are read in
+over `beam_size * V` values, and the CPU top-k kernels of XLA and
+TensorFlow scan each row with a heap (measured in docs/benchmarks.md,
+"Execution plans and kernel formulations"). Split each row into blocks of
+`b` values: the k best values lie in the k blocks with the best maxima (a
+block outside those has k better maxima above its own, so k better
+values), so a vectorised max over the blocks, a top-k over the `n / b`
+maxima and one over the `k x b` values of the chosen blocks give the same
+result at about `n / b + k b` heap steps instead of `n`. The chosen blocks are read in
 ascending order, so ties keep the plain top-k's rule (the lower index
 first) and the result equals `ops.top_k(x, k, sorted=True)` value for
 value and index for index. On short rows (`n < 1024 k`) the extra ops cost
