@@ -7,8 +7,10 @@ strings against a `TokenVocabulary` (a list of token bytes, a Hugging Face
 `StaticIndex` (both are `TokenAutomaton`s), through its
 `StringConstrainedDecoding` layer (`static_keras.constraint_for(index)`);
 `StringLogitsProcessor` serves any other decode
-loop. The host-side modules (vocabulary, tries, builder, layout,
-index, logits processor) import no deep-learning backend:
+loop, and `TransformersLogitsProcessor` Hugging Face `generate()` (torch is
+imported on its first call, never by this package). The host-side modules
+(vocabulary, tries, builder, layout, index, logits processor) import no
+deep-learning backend:
 NumPy, plus the compiler's loops (`kernels`, a Cython extension built at
 install). The names load on first use, so `from static_keras.strings import
 StringIndex` imports neither Keras nor TensorFlow; the layer module imports
@@ -23,6 +25,7 @@ _LAZY = {
     "StringIndexLayout": "static_keras.strings.layout",
     "StringLogitsProcessor": "static_keras.strings.logits_processor",
     "TokenVocabulary": "static_keras.strings.vocabulary",
+    "TransformersLogitsProcessor": "static_keras.strings.transformers_processor",
 }
 
 __all__ = sorted(_LAZY)
