@@ -155,7 +155,7 @@ class _NoIndex:
         self.constraint = type("NoIndex", (DecodingConstraint,), {})()
         self.constraint.length = layer.length
         self.constraint.candidates = self.candidates
-        self.constraint.vocabulary_scores = self.vocabulary_scores
+        self.constraint.propose = self.propose
         self.constraint.advance = self.advance
         self.widths = layer.step_widths
         self.dense_levels = layer.dense_levels
@@ -165,8 +165,13 @@ class _NoIndex:
     def _whole(self, step):
         return step < self.dense_levels and step != self.edge_row_step
 
-    def vocabulary_scores(self, log_probs, states, step):
-        return log_probs if self._whole(step) else None
+    def propose(self, log_probs, states, step, cap, *, eligibility=None,
+                need_next_states=False, rank_rows=False):  # fmt: skip
+        from static_keras.layers.decoding_constraint import StepProposal
+
+        if (cap is None or rank_rows) and self._whole(step):  # the whole vocabulary
+            return StepProposal(log_probs, needs_cap=cap is not None)
+        return StepProposal(*self.candidates(log_probs, states, step, top_k=cap))
 
     def advance(self, states, tokens, step):
         from keras import ops

@@ -42,6 +42,7 @@ from static_keras.index.member_catalogue import catalogue_fingerprint
 from static_keras.layers import eligibility_step
 from static_keras.layers import gather
 from static_keras.layers.decoding_constraint import DecodingConstraint
+from static_keras.layers.decoding_constraint import StepProposal
 
 #: automaton kind -> "module:Class" of its constraint layer.
 LAYER_CLASSES = {
@@ -461,9 +462,26 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         next_states = ops.where(ok, next_states, INVALID_STATE)
         return scores, tokens, next_states
 
-    def caps(self, step: int) -> bool:
+    def propose(self, log_probs, states, step, cap, *, eligibility=None,
+                need_next_states=False, rank_rows=False) -> StepProposal:  # fmt: skip
+        """`DecodingConstraint.propose`: at a dense-head int step, the whole
+        masked vocabulary (where the search ranks whole rows) or candidates
+        without next states; elsewhere `candidates`."""
+        if cap is None or rank_rows:
+            scores = self.vocabulary_scores(log_probs, states, step, eligibility)
+            if scores is not None:
+                return StepProposal(scores, needs_cap=cap is not None)
         t = self._static_step(step)
-        return t is not None and self._caps(t)
+        if rank_rows and t is not None and self._caps(t):
+            found = self.candidates(log_probs, states, step, top_k=None, eligibility=eligibility)
+            return StepProposal(*found, needs_cap=True)
+        if not need_next_states:
+            found = self.candidate_tokens(log_probs, states, step, cap, eligibility)
+            if found is not None:
+                return StepProposal(*found)
+        return StepProposal(
+            *self.candidates(log_probs, states, step, top_k=cap, eligibility=eligibility)
+        )
 
     def candidate_tokens(self, logits, states, step=None, top_k: int | None = None,
                          eligibility=None):  # fmt: skip
@@ -483,7 +501,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
 
     def vocabulary_scores(self, log_probs, states, step, eligibility=None):
         """`[R, V]` scores, `-inf` where disallowed, at a dense-head int step;
-        None elsewhere (see `DecodingConstraint.vocabulary_scores`).
+        None elsewhere (`propose` then uses `candidates`).
         `eligibility`: as in `candidates`."""
         found = self._mask_row_step(states, step, eligibility)
         if found is None:

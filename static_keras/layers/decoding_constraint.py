@@ -8,6 +8,29 @@ bitmap). No Keras import: a baseline may be a plain object.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class StepProposal:
+    """A constraint's answer for one step of a beam search (`propose`).
+
+    Attributes:
+        scores: float32 `[rows, K]` candidate scores, or `[rows, V]` (the
+            whole vocabulary, `-inf` where disallowed) when `tokens` is None.
+        tokens: int32 `[rows, K]`, or None: the column is the token.
+        next_states: int32 `[rows, K]`, or None: the search `advance`s the
+            survivors (where a candidate's next state is a cold table read).
+        needs_cap: whether the search still caps each beam at `cap` tokens
+            (ranking whole batch rows, `capped_top_k`).
+    """
+
+    scores: Any
+    tokens: Any = None
+    next_states: Any = None
+    needs_cap: bool = False
+
 
 class DecodingConstraint:
     """Base of every constraint a decode loop can run (see the module doc).
@@ -31,40 +54,35 @@ class DecodingConstraint:
         """
         raise NotImplementedError
 
-    def vocabulary_scores(self, log_probs, states, step: int):
-        """`[R, V]`: `log_probs` with disallowed tokens at `-inf`, or None.
+    def propose(
+        self,
+        log_probs,
+        states,
+        step: int,
+        cap: int | None,
+        *,
+        eligibility=None,
+        need_next_states: bool = False,
+        rank_rows: bool = False,
+    ) -> StepProposal:
+        """One step of a beam search, in the form cheapest for this constraint.
 
-        A constraint returns the matrix at steps where it is cheap (a dense
-        mask), and `advance` then gives the states after the chosen tokens.
-        `beam_search` uses it where no per-beam cap applies: the best beams
-        of a batch row are then one top-k over all its beams' tokens, not a
-        top-k per beam followed by a second one. None (the default) means
-        "use `candidates`".
+        Args:
+            log_probs: float32 `[R, V]` scores of the next token.
+            states: int32 `[R]`.
+            step: int, the tokens decoded so far.
+            cap: int or None: tokens kept per row (None: no cap binds).
+            eligibility: a request's eligibility (constraints that hold
+                sets), or None.
+            need_next_states: whether the search needs every candidate's
+                next state (a variable-length set's finished beams).
+            rank_rows: whether the search may apply a binding `cap` itself
+                by ranking whole batch rows (`needs_cap` in the answer).
+
+        The default: `candidates` with `top_k=cap`.
         """
-        return None
-
-    def caps(self, step: int) -> bool:
-        """Whether `top_k` caps the candidates of int `step` per row.
-
-        Where it does, `beam_search` may ask for uncapped candidates
-        (`top_k=None`) and apply the cap itself, ranking every beam's
-        candidates at once (`layers.capped_top_k`); the result must be the
-        same as the constraint's own cap: each row's best `top_k` by score,
-        ties by position. False (the default): `top_k` is always passed.
-        """
-        return False
-
-    def candidate_tokens(self, log_probs, states, step: int, top_k: int | None = None):
-        """`(scores, tokens)`, each `[R, K_t]`, or None: `candidates` without
-        the next states.
-
-        A constraint returns them at steps where a candidate's next state
-        costs a cold read of a large table (a dense head's state map: one
-        per candidate, R x K_t of them), and `beam_search` then `advance`s
-        only the survivors (R). None (the default) means "use
-        `candidates`".
-        """
-        return None
+        kwargs = {} if eligibility is None else {"eligibility": eligibility}
+        return StepProposal(*self.candidates(log_probs, states, step, top_k=cap, **kwargs))
 
     def advance(self, states, tokens, step):
         """The state after appending `tokens [R]` to each row (-1 if not allowed)."""
