@@ -326,6 +326,63 @@ def test_beam_generate_returns_the_exhaustive_best_member(causal_lm, index):
         assert answer == oracle
 
 
+def test_distinct_items_returns_each_member_once_with_its_best_tokenization(causal_lm, index):
+    sequences = string_sequences(index)
+    lengths = [2, 4]
+    token_ids, padding_mask, rows = prompts(lengths, seed=6)
+    sampler = ConstrainedBeamSampler(
+        index, num_beams=16, return_all_beams=True, distinct_items=True
+    )
+    next, prompt, cache, start = sampler_next(causal_lm, token_ids, padding_mask)
+    beams, beam_scores = sampler(next, prompt, cache, start, padding_mask, [EOS])
+    beams, beam_scores = np.asarray(beams), np.asarray(beam_scores)
+    for b, prompt_tokens in enumerate(rows):
+        # The oracle: every tokenization scored by the model, the best per member.
+        every = scores(causal_lm, prompt_tokens, sequences)
+        best_of = {}
+        for sequence, score in zip(sequences, every):
+            member = index.lookup_item_ids([sequence])[0]
+            if member not in best_of or score > best_of[member][1]:
+                best_of[member] = (sequence, score)
+        live = np.isfinite(beam_scores[b])
+        assert live.sum() == len(STRINGS)
+        found = answers(beams[b][live], padding_mask[[b] * len(STRINGS)])
+        expected = sorted(best_of.values(), key=lambda pair: -pair[1])
+        assert found == [sequence for sequence, _ in expected]
+        np.testing.assert_allclose(beam_scores[b][live], [s for _, s in expected], rtol=1e-4)
+
+
+def test_an_eligibility_set_and_exclusions_restrict_every_row(causal_lm, vocab):
+    from static_keras.index.eligibility import EligibilitySets
+
+    index = StringIndex.from_strings(STRINGS, vocab)
+    sets = EligibilitySets.build(index, {"short": [1, 4], "no_c": [0, 1, 3]})
+    layer = StringConstrainedDecoding(index, eligibility=sets)
+    sequences = string_sequences(index)
+    token_ids, padding_mask, rows = prompts([2, 3], seed=10)
+    for kwargs, allowed in (
+        ({"eligibility_set": "short"}, {1, 4}),
+        ({"eligibility_set": 1, "excluded_item_ids": [3]}, {0, 1}),
+        ({"excluded_item_ids": [0, 2, 99]}, {1, 3, 4}),
+    ):
+        sampler = ConstrainedBeamSampler(layer, num_beams=16, return_all_beams=True, **kwargs)
+        next, prompt, cache, start = sampler_next(causal_lm, token_ids, padding_mask)
+        beams, beam_scores = sampler(next, prompt, cache, start, padding_mask, [EOS])
+        beams, beam_scores = np.asarray(beams), np.asarray(beam_scores)
+        for b in range(2):
+            live = np.isfinite(beam_scores[b])
+            found = answers(beams[b][live], padding_mask[[b] * int(live.sum())])
+            members = index.lookup_item_ids(found)
+            # Exhaustive: every tokenization of every allowed member, no other.
+            expected = [s for s in sequences if index.lookup_item_ids([s])[0] in allowed]
+            assert sorted(found) == sorted(expected), kwargs
+            assert set(members.tolist()) == allowed
+    with pytest.raises(ValueError, match="No eligibility set 'de'"):
+        ConstrainedBeamSampler(layer, num_beams=2, eligibility_set="de")
+    with pytest.raises(ValueError, match="need a constraint built with eligibility sets"):
+        ConstrainedBeamSampler(index, num_beams=2, excluded_item_ids=[1])
+
+
 def test_narrow_beams_never_choose_an_invalid_token(causal_lm, index):
     token_ids, padding_mask, _ = prompts([2, 3, 1, 2], seed=8)
     sampler = ConstrainedBeamSampler(index, num_beams=2, return_all_beams=True)

@@ -11,6 +11,7 @@ from backend_subprocess import run_under
 from keras import ops
 from test_strings_fixtures import MEMBERS
 from test_strings_fixtures import byte_level_vocabulary
+from test_strings_fixtures import prefix_code
 from test_strings_fixtures import ranked_tokenizations
 from test_strings_fixtures import reachable_by_step
 from test_strings_fixtures import string_step_fn
@@ -203,6 +204,55 @@ def test_beam_search_ranks_every_tokenization_exactly(tiny):
         index, string_step_fn(table), batch_size=2, beam_size=32, distinct_items=False
     )
     _assert_results(out, vocab, members, index, sequences, scores, 32)
+
+
+def _capped_beam_oracle(index, table, beam, per_beam):
+    """Beam search in plain Python over a string set: the first step keeps
+    the best `beam` tokens of its one beam, every later step each live
+    beam's best `per_beam` allowed tokens (a finished beam proposes only
+    itself); the best `beam` extensions survive, then a finished beam whose
+    member a better finished beam holds is dropped. Returns the finished
+    `(tokens, score)`, best first."""
+    log_probs = table - np.log(np.exp(table).sum(1, keepdims=True))
+    beams = [((), 0, 0.0, False)]  # (tokens, state, score, finished)
+    for t in range(index.length):
+        pool = []
+        for tokens, state, score, done in beams:
+            if done:
+                pool.append((tokens, state, score, True))
+                continue
+            row = log_probs[prefix_code(tokens)]
+            allowed = np.flatnonzero(index.allowed_tokens(np.array([state]))[0])
+            options = sorted(allowed, key=lambda token: (-row[token], token))
+            for token in options[: beam if t == 0 else per_beam]:
+                nxt = int(index.next_states(np.array([state]), np.array([token]))[0])
+                eos = token == index.eos_token_id
+                pool.append((tokens + (int(token),), nxt, score + row[token], eos))
+        pool.sort(key=lambda b: -b[2])
+        beams, held = [], set()
+        for b in pool[:beam]:
+            if b[3] and b[1] in held:
+                continue  # the same member, a worse tokenization
+            held.update([b[1]] if b[3] else [])
+            beams.append(b)
+    return [(b[0], b[2]) for b in beams if b[3]]
+
+
+@pytest.mark.parametrize("per_beam", [1, 2, 3])
+def test_dense_top_k_caps_every_step_after_the_first_for_string_sets(tiny, per_beam):
+    """A string set has no dense head: `dense_top_k` (tokens per beam) caps
+    each beam's candidates at every step after the first."""
+    vocab, members, index = tiny
+    table = string_table(vocab.vocab_size, seed=6)
+    expected = _capped_beam_oracle(index, table, 5, per_beam)
+    out = beam_search(index, string_step_fn(table), batch_size=2, beam_size=5, dense_top_k=per_beam)
+    tokens, scores = np.asarray(out["tokens"]), np.asarray(out["scores"])
+    for b in range(2):
+        got = [tuple(t for t in row if t >= 0) for row in tokens[b][np.isfinite(scores[b])]]
+        assert got == [t for t, _ in expected]
+        np.testing.assert_allclose(
+            scores[b][np.isfinite(scores[b])], [s for _, s in expected], atol=1e-4
+        )
 
 
 @pytest.mark.parametrize("beam_size", [32, 8, 5])

@@ -247,7 +247,8 @@ def string_table(vocab, seed=0):
     return np.random.default_rng(seed).normal(size=(_ROWS, vocab)).astype("float32") * 3
 
 
-def _code(prefix):
+def prefix_code(prefix):
+    """The `string_table` row `string_step_fn` reads after `prefix`."""
     t = len(prefix)
     return (int((np.array(prefix, dtype=np.int64) * _WEIGHTS[:t]).sum()) + 29 * t) % _ROWS
 
@@ -285,6 +286,6 @@ def ranked_tokenizations(vocab, members, index, table):
     oracle = Oracle(members, vocab, index.eos_token_id)
     sequences = _sequences(oracle, vocab, index.eos_token_id, index.length)
     log_probs = table - np.log(np.exp(table).sum(1, keepdims=True))
-    scores = [sum(log_probs[_code(s[:t]), s[t]] for t in range(len(s))) for s in sequences]
+    scores = [sum(log_probs[prefix_code(s[:t]), s[t]] for t in range(len(s))) for s in sequences]
     order = np.argsort(-np.array(scores), kind="stable")
     return [sequences[i] for i in order], [scores[i] for i in order]

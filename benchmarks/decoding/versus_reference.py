@@ -165,13 +165,13 @@ class _NoIndex:
     def _whole(self, step):
         return step < self.dense_levels and step != self.edge_row_step
 
-    def propose(self, log_probs, states, step, cap, *, eligibility=None,
+    def propose(self, log_probs, states, step, top_k, *, eligibility=None,
                 need_next_states=False, rank_rows=False):  # fmt: skip
         from static_keras.layers.decoding_constraint import StepProposal
 
-        if (cap is None or rank_rows) and self._whole(step):  # the whole vocabulary
-            return StepProposal(log_probs, needs_cap=cap is not None)
-        return StepProposal(*self.candidates(log_probs, states, step, top_k=cap))
+        if (top_k is None or rank_rows) and self._whole(step):  # the whole vocabulary
+            return StepProposal(log_probs, needs_cap=top_k is not None)
+        return StepProposal(*self.candidates(log_probs, states, step, top_k=top_k))
 
     def advance(self, states, tokens, step):
         from keras import ops

@@ -75,13 +75,15 @@ def beam_search(
             `b * beam_size`). Defaults to None.
         num_results: int K <= beam_size, results returned per batch row.
             Defaults to `beam_size`.
-        dense_top_k: int. Candidates kept per beam at dense-head steps
-            after the first (the reference code's "tokens per beam"; at
-            every step after the first for an unconstrained search, which
-            has no sparse steps). The first step has one live beam per
-            batch row and keeps its best `beam_size` candidates whatever
-            this is. Defaults to `beam_size` (exact: a beam never
-            contributes more than `beam_size` survivors).
+        dense_top_k: int. Tokens per beam (the reference code's name; the
+            constraint's `top_k`) at the steps after the first whose rows
+            come from the vocabulary: the dense-head steps of a semantic-ID
+            set (its CSR steps keep their `B_t` slots, as in the reference),
+            every step of a string set or of an unconstrained search. The
+            first step has one live beam per batch row and keeps its best
+            `beam_size` candidates whatever this is. Defaults to
+            `beam_size` (exact: a beam never contributes more than
+            `beam_size` survivors).
         length: int. Steps of an unconstrained search; must be None (the
             index's length is used) when `index` is given.
         distinct_items: bool. With an EOS constraint, keep one finished beam

@@ -73,8 +73,8 @@ class Extensions:
     total: Any  # float32 [B, beams, width]: the beam's score plus the token's
     tokens: Any  # int32 [rows, width], or None: the column is the token
     next_states: Any  # int32 [rows, width], or None: `advance` the survivors
-    cap: int | None  # tokens per beam where a cap binds, else None
-    needs_cap: bool  # whether `rank` still caps each beam at `cap`
+    top_k: int | None  # tokens per beam where that cap binds, else None
+    needs_cap: bool  # whether `rank` still caps each beam at `top_k`
 
 
 def step_rows(search: Search, beams: Beams, step: int) -> Rows:
@@ -97,17 +97,19 @@ def expand(search: Search, beams: Beams, rows: Rows, logits, step: int) -> Exten
     # log-prob matrix is written.
     logits, normaliser = shift_and_normaliser(ops.cast(logits, "float32"))
     eos, beam_size = search.eos, search.beam_size
-    # A beam never gives more than `beam_size` survivors: such a cap never binds.
-    cap = None if rows.dense_top_k >= beam_size and (eos is None or step == 0) else rows.dense_top_k
+    # `dense_top_k` is the constraint's `top_k`. A beam never gives more
+    # than `beam_size` survivors: such a cap never binds.
+    binds = rows.dense_top_k < beam_size or (eos is not None and step > 0)
+    top_k = rows.dense_top_k if binds else None
     # A binding cap by rankings of whole batch rows (`capped_top_k`) where
     # the plan says so, for fixed-length sets; else a top-k per beam.
     plan = execution_plan.current()
-    rank_rows = cap is not None and eos is None and plan.rank_capped_beams_by_row
+    rank_rows = top_k is not None and eos is None and plan.rank_capped_beams_by_row
     proposal = search.constraint.propose(
         logits,
         rows.states,
         step,
-        cap,
+        top_k,
         eligibility=rows.eligibility,
         need_next_states=eos is not None,
         rank_rows=rank_rows,
@@ -122,15 +124,15 @@ def expand(search: Search, beams: Beams, rows: Rows, logits, step: int) -> Exten
         tokens = ops.where(done, PAD_TOKEN, tokens)
         next_states = ops.where(done, ops.expand_dims(beams.states, 1), next_states)
     total = ops.reshape(ops.expand_dims(rows.scores, 1) + scores, (-1, rows.beams, width))
-    return Extensions(total, tokens, next_states, cap, proposal.needs_cap)
+    return Extensions(total, tokens, next_states, top_k, proposal.needs_cap)
 
 
 def rank(search: Search, rows: Rows, ext: Extensions):
     """`(scores [B, M], choice [B, M])`: each batch row's best extensions,
     `choice` a position in its `beams x width` candidates."""
     beam_size, width = search.beam_size, ops.shape(ext.total)[2]
-    if ext.needs_cap:  # whole rows or uncapped candidates, `cap` per beam
-        scores, choice = capped_top_k.capped_top_k(ext.total, beam_size, ext.cap)
+    if ext.needs_cap:  # whole rows or uncapped candidates, `top_k` per beam
+        scores, choice = capped_top_k.capped_top_k(ext.total, beam_size, ext.top_k)
     else:
         total = ops.reshape(ext.total, (-1, rows.beams * width))
         if rows.beams * width < beam_size:  # the first step, fewer candidates than beams

@@ -41,9 +41,9 @@ class ConstrainedBeamSearch(keras.layers.Layer):
         beam_size: int. Beams kept per input row. Defaults to 10.
         num_results: int or None. Results per row, at most `beam_size`.
             Defaults to `beam_size`.
-        dense_top_k: int or None. Candidates per beam at dense-head steps
-            after the first (every step after the first when unconstrained);
-            the first step keeps `beam_size`. Defaults to `beam_size`.
+        dense_top_k: int or None. Tokens per beam at the steps after the
+            first whose rows come from the vocabulary (`beam_search`).
+            Defaults to `beam_size`.
         constraint: an `AutomatonConstraint` (`ConstrainedDecoding`,
             `StringConstrainedDecoding`) or None: the layer that holds the
             index weights; built from `index` when None.

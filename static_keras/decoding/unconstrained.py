@@ -21,11 +21,11 @@ class Unconstrained(DecodingConstraint):
         tokens = ops.cast(tokens, "int32")
         return scores, tokens, ops.zeros_like(tokens)
 
-    def propose(self, log_probs, states, step, cap, *, eligibility=None,
+    def propose(self, log_probs, states, step, top_k, *, eligibility=None,
                 need_next_states=False, rank_rows=False) -> StepProposal:  # fmt: skip
-        if cap is None or rank_rows:  # the whole vocabulary: the column is the token
-            return StepProposal(log_probs, needs_cap=cap is not None)
-        return StepProposal(*self.candidates(log_probs, states, step, top_k=cap))
+        if top_k is None or rank_rows:  # the whole vocabulary: the column is the token
+            return StepProposal(log_probs, needs_cap=top_k is not None)
+        return StepProposal(*self.candidates(log_probs, states, step, top_k=top_k))
 
     def advance(self, states, tokens, step):
         return ops.zeros_like(tokens)

@@ -8,7 +8,7 @@ from keras import ops
 from keras import tree
 
 from static_keras.constants import INVALID_STATE
-from static_keras.constants import MASKED_LOGIT
+from static_keras.decoding import beam_steps
 from static_keras.keras_hub.constrained_sampler import ConstraintOrIndex
 from static_keras.keras_hub.constrained_sampler import all_stopped
 from static_keras.keras_hub.constrained_sampler import as_constraint
@@ -55,6 +55,18 @@ class ConstrainedBeamSampler(keras_hub.samplers.Sampler):
             Defaults to False.
         end_token_id: int or None. As in `ConstrainedSampler`. Defaults to
             None.
+        distinct_items: bool. As in `beam_search`: a finished beam whose
+            member a better finished beam holds is dropped at every step,
+            so `return_all_beams` lists each member once, with its best
+            tokenization found (string sets spell a member several ways).
+            Defaults to False (every tokenization, as before this option).
+        eligibility_set: str, int or None. Only members of this set of the
+            constraint's `EligibilitySets` (a name or a set id) are
+            generated, for every row: `generate()` takes no per-request
+            arguments, so a sampler serves one set (compile the model with
+            another sampler for another set). Defaults to None.
+        excluded_item_ids: ints or None. Item ids (positions in a string
+            list) never generated, for every row. Defaults to None.
 
     Call arguments:
         As `keras_hub.samplers.Sampler`: `next`, `prompt` int `[B, T]`,
@@ -93,12 +105,19 @@ class ConstrainedBeamSampler(keras_hub.samplers.Sampler):
         num_beams: int,
         return_all_beams: bool = False,
         end_token_id: int | None = None,
+        distinct_items: bool = False,
+        eligibility_set: str | int | None = None,
+        excluded_item_ids=None,
     ):
         super().__init__()
         self.constraint = as_constraint(constraint)
         self.num_beams = positive_int(num_beams, "num_beams")
         self.return_all_beams = bool(return_all_beams)
         self.end_token_id = check_end_token(self.constraint, end_token_id)
+        self.distinct_items = bool(distinct_items)
+        self.eligibility_set = eligibility_set
+        self.excluded_item_ids = None if excluded_item_ids is None else list(excluded_item_ids)
+        self._request = _request(self.constraint, eligibility_set, self.excluded_item_ids)
 
     def __call__(
         self,
@@ -140,7 +159,8 @@ class ConstrainedBeamSampler(keras_hub.samplers.Sampler):
             )
             vocab_size = ops.shape(scores)[-1]
             total = ops.reshape(log_probs[:, None] + scores, (-1, beams * vocab_size))
-            top, choice = ops.top_k(total, k=beams, sorted=False)
+            # Sorted where finished beams are told apart by rank (`distinct_items`).
+            top, choice = ops.top_k(total, k=beams, sorted=self.distinct_items)
             choice = ops.cast(choice, "int32")
             parent = ops.reshape(
                 ops.arange(ops.shape(choice)[0], dtype="int32")[:, None] * beams
@@ -155,6 +175,10 @@ class ConstrainedBeamSampler(keras_hub.samplers.Sampler):
             parent_states = ops.take(states, parent)
             advanced = self.constraint.advance(parent_states, token, step=None)
             states = ops.where(ops.take(forced, parent), parent_states, advanced)
+            if self.distinct_items:  # the same member as a better finished beam: dead
+                finished = self.constraint.is_finished(states)
+                repeat = beam_steps.repeated_finished(states, finished, beams)
+                log_probs = ops.where(repeat, -np.inf, log_probs)
             dead = ops.equal(log_probs, -np.inf)
             states = ops.where(dead, INVALID_STATE, states)
             token = ops.where(dead, end_token, token)
@@ -189,11 +213,7 @@ class ConstrainedBeamSampler(keras_hub.samplers.Sampler):
         """
         logits = ops.cast(logits, "float32")
         vocab_size = ops.shape(logits)[-1]
-        # Masking zeros tells the allowed tokens apart from any real logit.
-        allowed = ops.greater(
-            self.constraint.mask_logits(ops.zeros_like(logits), states, step=None),
-            MASKED_LOGIT,
-        )
+        allowed = self.constraint.allowed_mask(states, step=None, eligibility=self._rows(states))
         scores = ops.where(allowed, ops.log_softmax(logits, axis=-1), -np.inf)
         finished = self.constraint.is_finished(states)
         forced = ops.logical_or(in_prompt, finished)
@@ -202,6 +222,16 @@ class ConstrainedBeamSampler(keras_hub.samplers.Sampler):
         forced_scores = ops.where(only, 0.0, -np.inf)
         return ops.where(forced[:, None], forced_scores, scores), forced
 
+    def _rows(self, states):
+        """The request's eligibility for every row of `states`, or None."""
+        if self._request is None:
+            return None
+        set_id, members = self._request
+        rows = ops.shape(states)[0]
+        set_ids = ops.full((rows,), set_id, dtype="int32")
+        excluded = ops.broadcast_to(ops.convert_to_tensor(members), (rows, members.shape[1]))
+        return set_ids, excluded
+
     def get_config(self) -> dict:
         """The sampler's settings; the constraint (the index weights) is not
         part of it: rebuild with `ConstrainedBeamSampler(constraint, **config)`."""
@@ -209,8 +239,42 @@ class ConstrainedBeamSampler(keras_hub.samplers.Sampler):
             "num_beams": self.num_beams,
             "return_all_beams": self.return_all_beams,
             "end_token_id": self.end_token_id,
+            "distinct_items": self.distinct_items,
+            "eligibility_set": self.eligibility_set,
+            "excluded_item_ids": self.excluded_item_ids,
         }
 
 
 def _repeat(x, beams: int):
     return ops.repeat(x, beams, axis=0)
+
+
+def _request(constraint, eligibility_set, excluded_item_ids):
+    """`(set id, excluded member numbers int32 [1, E])` for every row, or None."""
+    if eligibility_set is None and excluded_item_ids is None:
+        return None
+    set_id = -1
+    if eligibility_set is not None:
+        names = tuple(constraint.eligibility_names or ())
+        if isinstance(eligibility_set, str):
+            if eligibility_set not in names:
+                raise ValueError(
+                    f"No eligibility set {eligibility_set!r} in the constraint (sets: "
+                    f"{list(names)}); build it with `eligibility=EligibilitySets.build(...)`"
+                )
+            set_id = names.index(eligibility_set)
+        elif not 0 <= int(eligibility_set) < constraint.num_eligibility_sets:
+            raise ValueError(
+                f"`eligibility_set` must name one of the constraint's "
+                f"{constraint.num_eligibility_sets} sets. Received: {eligibility_set!r}"
+            )
+        else:
+            set_id = int(eligibility_set)
+    if not constraint.num_eligibility_sets:
+        raise ValueError(
+            "`eligibility_set` and `excluded_item_ids` need a constraint built with "
+            "eligibility sets (`eligibility=EligibilitySets.build(index, sets)`)"
+        )
+    ids = np.asarray([] if excluded_item_ids is None else excluded_item_ids, np.int64)
+    members = constraint.catalogue().exclusion_members(ids.reshape(1, -1), width=max(ids.size, 1))
+    return set_id, members.astype(np.int32)

@@ -462,25 +462,25 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         next_states = ops.where(ok, next_states, INVALID_STATE)
         return scores, tokens, next_states
 
-    def propose(self, log_probs, states, step, cap, *, eligibility=None,
+    def propose(self, log_probs, states, step, top_k, *, eligibility=None,
                 need_next_states=False, rank_rows=False) -> StepProposal:  # fmt: skip
         """`DecodingConstraint.propose`: at a dense-head int step, the whole
         masked vocabulary (where the search ranks whole rows) or candidates
         without next states; elsewhere `candidates`."""
-        if cap is None or rank_rows:
+        if top_k is None or rank_rows:
             scores = self.vocabulary_scores(log_probs, states, step, eligibility)
             if scores is not None:
-                return StepProposal(scores, needs_cap=cap is not None)
+                return StepProposal(scores, needs_cap=top_k is not None)
         t = self._static_step(step)
         if rank_rows and t is not None and self._caps(t):
             found = self.candidates(log_probs, states, step, top_k=None, eligibility=eligibility)
             return StepProposal(*found, needs_cap=True)
         if not need_next_states:
-            found = self.candidate_tokens(log_probs, states, step, cap, eligibility)
+            found = self.candidate_tokens(log_probs, states, step, top_k, eligibility)
             if found is not None:
                 return StepProposal(*found)
         return StepProposal(
-            *self.candidates(log_probs, states, step, top_k=cap, eligibility=eligibility)
+            *self.candidates(log_probs, states, step, top_k=top_k, eligibility=eligibility)
         )
 
     def candidate_tokens(self, logits, states, step=None, top_k: int | None = None,

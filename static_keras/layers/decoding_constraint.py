@@ -22,7 +22,7 @@ class StepProposal:
         tokens: int32 `[rows, K]`, or None: the column is the token.
         next_states: int32 `[rows, K]`, or None: the search `advance`s the
             survivors (where a candidate's next state is a cold table read).
-        needs_cap: whether the search still caps each beam at `cap` tokens
+        needs_cap: whether the search still caps each row at `top_k` tokens
             (ranking whole batch rows, `capped_top_k`).
     """
 
@@ -59,7 +59,7 @@ class DecodingConstraint:
         log_probs,
         states,
         step: int,
-        cap: int | None,
+        top_k: int | None,
         *,
         eligibility=None,
         need_next_states: bool = False,
@@ -71,18 +71,19 @@ class DecodingConstraint:
             log_probs: float32 `[R, V]` scores of the next token.
             states: int32 `[R]`.
             step: int, the tokens decoded so far.
-            cap: int or None: tokens kept per row (None: no cap binds).
+            top_k: int or None: tokens kept per row, as in `candidates`
+                (a beam search's `dense_top_k`; None: no cap binds).
             eligibility: a request's eligibility (constraints that hold
                 sets), or None.
             need_next_states: whether the search needs every candidate's
                 next state (a variable-length set's finished beams).
-            rank_rows: whether the search may apply a binding `cap` itself
+            rank_rows: whether the search may apply a binding `top_k` itself
                 by ranking whole batch rows (`needs_cap` in the answer).
 
-        The default: `candidates` with `top_k=cap`.
+        The default: `candidates`.
         """
         kwargs = {} if eligibility is None else {"eligibility": eligibility}
-        return StepProposal(*self.candidates(log_probs, states, step, top_k=cap, **kwargs))
+        return StepProposal(*self.candidates(log_probs, states, step, top_k=top_k, **kwargs))
 
     def advance(self, states, tokens, step):
         """The state after appending `tokens [R]` to each row (-1 if not allowed)."""
