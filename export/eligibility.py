@@ -24,7 +24,6 @@ from typing import Mapping
 import numpy as np
 import tensorflow as tf
 
-from static_keras.export.eligibility_refresh import DENSE_MASKS
 from static_keras.export.eligibility_refresh import TABLE_IDS
 from static_keras.export.eligibility_refresh import TABLE_MEMBERS
 from static_keras.export.model_layers import beam_searches
@@ -100,23 +99,22 @@ def check_width(name: str, tensor: tf.Tensor, most: int) -> tf.Tensor:
         return tf.identity(tensor)
 
 
-def signature_metadata(search, variable_keys: Mapping[str, str]) -> dict:
-    """What `refresh_eligibility` needs to find and check the set variables."""
+def signature_metadata(search, variable_keys: Mapping[int, str]) -> dict:
+    """What `refresh_eligibility` needs to find and check the set variables:
+    the checkpoint keys (`variable_keys`: by `id` of each variable's value)
+    of the variables the constraint says a refresh rewrites or reads
+    (`eligibility_refresh_spec`), by role, and how derived ones are made."""
     constraint = search.constraint
+    spec = constraint.eligibility_refresh_spec()
+    weights = {**spec["rewrites"], **spec["reads"]}
     metadata = {
         "signature": ELIGIBLE_SIGNATURE,
         "inputs": [SET_ID_INPUT, EXCLUDED_INPUT],
         "num_members": constraint.layout.num_members,
         "has_item_ids": constraint.has_item_ids,
         "catalogue_fingerprint": constraint.catalogue_fingerprint(),
-        "variables": dict(variable_keys),
+        "variables": {role: variable_keys[id(w.value)] for role, w in weights.items()},
     }
-    if DENSE_MASKS in variable_keys:  # derived from the sets: a refresh rewrites them too
-        layout = constraint.layout
-        metadata["dense_masks"] = {
-            "vocab_size": layout.vocab_size,
-            "dense_levels": layout.dense_levels,
-            # Depths past these derive their rows at decode time: not stored.
-            "stored_levels": constraint.eligibility_windows.count(0),
-        }
+    if spec["derive"] is not None:  # derived from the sets: a refresh rewrites them too
+        metadata["dense_masks"] = dict(spec["derive"])
     return metadata

@@ -249,12 +249,8 @@ def export_saved_model(
     )
     if eligible_search is not None:
         keys = {id(variable): key for key, variable in module.model_variables.items()}
-        constraint = eligible_search.constraint
-        weights = {**constraint.eligibility_weights, **constraint.member_range_weights}
         metadata["eligibility_sets"] = list(eligible_search.constraint.eligibility_names or ())
-        metadata["eligibility"] = eligible.signature_metadata(
-            eligible_search, {name: keys[id(w.value)] for name, w in weights.items()}
-        )
+        metadata["eligibility"] = eligible.signature_metadata(eligible_search, keys)
     if extra_metadata:
         metadata.update(extra_metadata)
 

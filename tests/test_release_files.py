@@ -58,3 +58,30 @@ def test_the_saved_model_serves_the_recorded_answers(expected):
         excluded_item_ids=tf.constant(expected["excluded"]),
     )
     _assert_answers(eligible, expected, "eligible_")
+
+
+def test_an_eligibility_refresh_of_the_release_saved_model_serves_the_new_sets(expected, tmp_path):
+    import shutil
+
+    import tensorflow as tf
+
+    from static_keras.export import read_eligibility
+    from static_keras.export import refresh_eligibility
+
+    base = tmp_path / "recs"
+    shutil.copytree(os.path.join(FIXTURES, "saved_model"), base / "1")
+    held = read_eligibility(base / "1")
+    new_ids = held.catalogue.item_ids[::2][:40]
+    info = refresh_eligibility(base, {"in_stock": new_ids})
+    assert (info.version, info.source_version) == (2, 1)
+    loaded = tf.saved_model.load(str(base / "2"))
+    found = loaded.signatures["serving_eligible"](
+        history=tf.constant(expected["history"]),
+        set_id=tf.zeros(len(expected["history"]), tf.int32),  # "in_stock" everywhere
+        excluded_item_ids=tf.constant(expected["excluded"]),
+    )
+    items = found["item_ids"].numpy()
+    assert (items >= 0).any()
+    allowed = set(new_ids.tolist())
+    for row, excluded in zip(items, expected["excluded"]):
+        assert set(row[row >= 0].tolist()) <= allowed - set(excluded.tolist())

@@ -296,6 +296,22 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
             self.eligibility_weights[name].assign(array)
         self.eligibility_names = names
 
+    def eligibility_refresh_spec(self) -> dict:
+        """What an eligibility-only refresh of an exported model rewrites.
+
+        `{"rewrites": {role: variable}, "reads": {role: variable}, "derive":
+        dict or None}`: the variables holding the sets (roles
+        `eligibility_words`, `eligibility_directory`), any variables derived
+        from them with what they are derived from (`reads`) and how
+        (`derive`: the settings of the host builder). The roles are the
+        names an exported model's metadata records (`export.eligibility`).
+        """
+        if not self.num_eligibility_sets:
+            raise ValueError("This layer holds no eligibility sets")
+        names = ("eligibility_words", "eligibility_directory")
+        return {"rewrites": {n: self.eligibility_weights[n] for n in names}, "reads": {},
+                "derive": None}  # fmt: skip
+
     def member_item_ids(self) -> np.ndarray:
         """int64 `[num_members]`: the catalogue item id of each member (the
         member number itself for an index without item ids)."""

@@ -404,6 +404,21 @@ class ConstrainedDecoding(AutomatonConstraint):
             return self._best_slots(scores, tokens, next_states, k)
         return scores, tokens, next_states, ok
 
+    def eligibility_refresh_spec(self) -> dict:
+        """Also the dense-step masks (`eligibility_dense`), derived from the
+        sets and the index's `dense_boundaries`, for the depths that store
+        them (`eligibility_windows`; the others derive at decode time)."""
+        spec = super().eligibility_refresh_spec()
+        if "eligibility_dense" in self.eligibility_weights:
+            spec["rewrites"]["eligibility_dense"] = self.eligibility_weights["eligibility_dense"]
+            spec["reads"]["dense_boundaries"] = self.member_range_weights["dense_boundaries"]
+            spec["derive"] = {
+                "vocab_size": self.layout.vocab_size,
+                "dense_levels": self.layout.dense_levels,
+                "stored_levels": self.eligibility_windows.count(0),
+            }
+        return spec
+
     def _member_range_shapes(self):
         layout = self.layout
         d = layout.dense_levels
