@@ -16,6 +16,7 @@ from static_keras.layers import dense_edge_rows
 from static_keras.layers import derived_dense_masks
 from static_keras.layers import eligibility_step
 from static_keras.layers import gather
+from static_keras.layers import weight_upgrades
 from static_keras.layers.automaton_constraint import AutomatonConstraint
 
 __all__ = ["INVALID_STATE", "MASKED_LOGIT", "PAD_TOKEN", "ConstrainedDecoding"]
@@ -124,11 +125,15 @@ class ConstrainedDecoding(AutomatonConstraint):
         eligibility_windows: list[int] | None = None,
         **kwargs,
     ):
-        # Per dense depth, 0 (the sets store its mask rows) or the words a
-        # derived row reads (`derived_dense_masks`); from the index when given.
-        self._windows_arg = eligibility_windows
-        self.eligibility_windows = ()
         self._host_boundaries = None
+        # Per dense depth, 0 (the sets store its mask rows) or the words a
+        # derived row reads (`derived_dense_masks`): settled here, before the
+        # weights are sized, from the index when given.
+        self.eligibility_windows = ()
+        if kwargs.get("eligibility") is not None or kwargs.get("eligibility_sets"):
+            d = index.layout.dense_levels if isinstance(index, StaticIndex) else dense_levels
+            if d is not None:
+                self.eligibility_windows = self._resolve_windows(index, eligibility_windows, d)
         layout_fields = {
             "vocab_size": vocab_size,
             "length": length,
@@ -436,27 +441,8 @@ class ConstrainedDecoding(AutomatonConstraint):
         return shapes
 
     def load_own_variables(self, store):
-        # Weights a layer saved before them lacks, in the order they came
-        # (`dense_member_codes`, then the dense edge rows): each follows from
-        # weights it did save.
-        codes = self.member_range_weights.get("dense_member_codes")
-        later = [w for w in (codes, *self.derived_index_weights.values()) if w is not None]
-        own = list(self.weights)
-        missing = len(own) - len(store.keys())
-        if not 0 < missing <= len(later):
-            return super().load_own_variables(store)
-        absent = {id(w) for w in later[len(later) - missing :]}
-        saved = [w for w in own if id(w) not in absent]
-        value = {id(w): np.asarray(store[str(i)]) for i, w in enumerate(saved)}
-        if id(codes) in absent:
-            table = value[id(self.member_range_weights["dense_boundaries"])]
-            value[id(codes)] = eligibility_step.dense_member_codes(self.layout, table)
-        derived = self._derived_index_arrays(
-            {"dense_states": value[id(self.index_weights["dense_states"])]}
-        )
-        for name, weight in self.derived_index_weights.items():
-            value.setdefault(id(weight), derived[name])
-        return super().load_own_variables({str(i): value[id(w)] for i, w in enumerate(own)})
+        # Files of earlier versions lack weights added since: one explicit step.
+        return super().load_own_variables(weight_upgrades.upgraded_store(self, store))
 
     def _member_range_arrays(self, index):
         if not self.num_eligibility_sets:
@@ -510,11 +496,9 @@ class ConstrainedDecoding(AutomatonConstraint):
     def _drop_host_boundaries(self):
         self._host_boundaries = None  # 16.8 MB at V = 2048, d = 2: weights hold it now
 
-    def _resolve_windows(self):
+    def _resolve_windows(self, index, given, d: int):
         """The layer's eligibility windows: the index's when it is given,
         else the config's (checked), else every depth stored."""
-        d = self.layout.dense_levels
-        given = self._windows_arg
         if given is not None:
             given = tuple(given)
             ints = len(given) == d and all(isinstance(w, int) and w >= 0 for w in given)
@@ -524,8 +508,8 @@ class ConstrainedDecoding(AutomatonConstraint):
                     f"`eligibility_windows` must be {d} ints >= 0, the first 0 and none 0 "
                     f"after a positive one. Received: {list(given)}"
                 )
-        if self._pending_index is not None:
-            windows = tuple(self._boundaries_and_windows(self._pending_index)[1])
+        if isinstance(index, StaticIndex):
+            windows = tuple(self._boundaries_and_windows(index)[1])
             if given is not None and given != windows:
                 raise ValueError(
                     f"`eligibility_windows`={list(given)} but the index needs {list(windows)}"
@@ -570,7 +554,6 @@ class ConstrainedDecoding(AutomatonConstraint):
         layout = self.layout
         if not layout.dense_levels:
             return {}
-        self.eligibility_windows = self._resolve_windows()
         rows = derived_dense_masks.stored_rows(layout.vocab_size, self.eligibility_windows)
         return {"eligibility_dense": (self.num_eligibility_sets, rows, layout.mask_words)}
 
