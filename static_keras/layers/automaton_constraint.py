@@ -9,8 +9,11 @@ the two kinds share: index tensors as non-trainable weights created in
 - `_rows(states, step)`: the CSR row (start, count) of each state;
 - `_edge_targets(edges)`: the state an edge leads to (implicit in a tree,
   a gather of `next_states` in a general automaton);
-- for a bit-packed dense head (semantic IDs), `_dense_allowed`,
-  `_dense_next` and `_in_dense_head`.
+- for eligibility sets, its member ranges (`_member_range_*`).
+
+A kind with a bit-packed dense head (semantic IDs) also holds a
+`DenseHead` (`layers/dense_head.py`) in `dense_head`; the steps it covers
+ask it for their rows.
 
 Steps. A Python int `step` is the fast path: every step has its own static
 width `B_t` (what the unrolled beam search uses). A scalar int tensor or
@@ -39,6 +42,7 @@ from static_keras.index.eligibility import directory_size
 from static_keras.index.eligibility import words_per_set
 from static_keras.index.member_catalogue import MemberCatalogue
 from static_keras.index.member_catalogue import catalogue_fingerprint
+from static_keras.layers import candidate_slots
 from static_keras.layers import eligibility_step
 from static_keras.layers import gather
 from static_keras.layers.decoding_constraint import DecodingConstraint
@@ -95,6 +99,9 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
     #: The host class whose arrays this layer holds, and its layout class.
     index_class: type = TokenAutomaton
     layout_class: type = type(None)
+    #: Whether `top_k` caps steps outside a dense head (string sets: every
+    #: step's rows come from the vocabulary).
+    caps_sparse_steps: bool = True
 
     def __init__(
         self,
@@ -108,6 +115,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
     ):
         super().__init__(**kwargs)
         name = type(self).__name__
+        self.dense_head = None  # a kind with a dense head sets its `DenseHead`
         self._init_eligibility(eligibility, eligibility_sets, eligibility_names)
         if index is not None:
             if not isinstance(index, self.index_class):
@@ -430,7 +438,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         if t is None:
             return max(self.num_candidates(u, top_k) for u in range(self.layout.length))
         width = self.layout.step_widths[t]
-        if top_k is not None and self._caps(t):
+        if top_k is not None and self._caps_step(t):
             return max(1, min(int(top_k), width))
         return width
 
@@ -461,14 +469,14 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         if eligibility is not None:
             eligibility = self.check_eligibility(eligibility, ops.shape(states)[0])
         if t is not None and self._is_dense(t):
-            found = self._dense_candidates(logits, states, t, k, k, eligibility)
+            found = self.dense_head.candidates(logits, states, t, k, k, eligibility)
         else:
             found = self._sparse_candidates(logits, states, t, k, eligibility)
             if t is None and self.layout.dense_levels:
                 # Dense rows keep at most `top_k` of the (wider) k slots.
                 cap = k if top_k is None else max(1, min(int(top_k), k))
-                dense = self._dense_candidates(logits, states, None, k, cap, eligibility)
-                here = ops.expand_dims(self._in_dense_head(states), 1)
+                dense = self.dense_head.candidates(logits, states, None, k, cap, eligibility)
+                here = ops.expand_dims(self.dense_head.in_head(states), 1)
                 found = [ops.where(here, d, s) for d, s in zip(dense, found)]
         scores, tokens, next_states, ok = found
         ok = ops.logical_and(ok, ops.greater(next_states, INVALID_STATE))
@@ -488,7 +496,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
             if scores is not None:
                 return StepProposal(scores, needs_cap=top_k is not None)
         t = self._static_step(step)
-        if rank_rows and t is not None and self._caps(t):
+        if rank_rows and t is not None and self._caps_step(t):
             found = self.candidates(log_probs, states, step, top_k=None, eligibility=eligibility)
             return StepProposal(*found, needs_cap=True)
         if not need_next_states:
@@ -511,7 +519,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         t, states, eligibility = found
         k = self.num_candidates(t, top_k)
         logits = ops.cast(logits, "float32")
-        scores, tokens, ok = self._dense_top_k(logits, states, t, k, k, eligibility)
+        scores, tokens, ok = self.dense_head.top_k(logits, states, t, k, k, eligibility)
         ok = ops.logical_and(ok, ops.greater(scores, -np.inf))
         return ops.where(ok, scores, -np.inf), ops.where(ok, tokens, PAD_TOKEN)
 
@@ -523,14 +531,14 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         if found is None:
             return None
         t, states, eligibility = found
-        allowed = self._dense_allowed(states, t, eligibility)
+        allowed = self.dense_head.allowed(states, t, eligibility)
         return ops.where(allowed, ops.cast(log_probs, "float32"), -np.inf)
 
     def _mask_row_step(self, states, step, eligibility):
         """`(t, states, eligibility)` set out for a dense int step read from
         mask rows, or None for any other step."""
         t = self._static_step(step)
-        if t is None or not self._is_dense(t) or self._reads_edge_rows(t, eligibility):
+        if t is None or not self._is_dense(t) or self.dense_head.reads_edge_rows(t, eligibility):
             return None
         if eligibility is not None:
             eligibility = self.check_eligibility(eligibility, ops.shape(states)[0])
@@ -547,7 +555,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         if eligibility is not None:
             eligibility = self.check_eligibility(eligibility, ops.shape(states)[0])
         if t is not None and self._is_dense(t):
-            return self._dense_allowed(states, t, eligibility)
+            return self.dense_head.allowed(states, t, eligibility)
         edges, ok = self._sparse_slots(states, t)
         tokens = ops.cast(gather.take(self.index_weights["tokens"], edges), "int32")
         if eligibility is not None and not (eligibility.entered and self._same_members(t)):
@@ -568,8 +576,8 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         )
         allowed = ops.greater(counts[:, :vocab], 0)
         if t is None and self.layout.dense_levels:
-            here = ops.expand_dims(self._in_dense_head(states), 1)
-            allowed = ops.where(here, self._dense_allowed(states, None, eligibility), allowed)
+            here = ops.expand_dims(self.dense_head.in_head(states), 1)
+            allowed = ops.where(here, self.dense_head.allowed(states, None, eligibility), allowed)
         return allowed
 
     def mask_logits(self, logits, states, step=None, eligibility=None):
@@ -588,7 +596,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         states = ops.cast(states, "int32")
         tokens = ops.cast(tokens, "int32")
         if t is not None and self._is_dense(t):
-            return self._dense_advance(states, tokens, t)
+            return self.dense_head.advance(states, tokens, t)
         start, count = self._rows(states, t)
         table = self.index_weights["tokens"]
         low, high = start, start + count
@@ -605,8 +613,9 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         found = ops.logical_and(ops.less(low, start + count), hit)
         next_states = ops.where(found, self._edge_targets(at), INVALID_STATE)
         if t is None and self.layout.dense_levels:
-            here = self._in_dense_head(states)
-            next_states = ops.where(here, self._dense_advance(states, tokens, None), next_states)
+            here = self.dense_head.in_head(states)
+            dense = self.dense_head.advance(states, tokens, None)
+            next_states = ops.where(here, dense, next_states)
         return next_states
 
     def is_finished(self, states):
@@ -638,17 +647,12 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         """int32, same shape as `edges`: the state each edge leads to."""
         raise NotImplementedError
 
-    def _caps(self, step: int) -> bool:
-        """Whether `top_k` caps the candidates of `step`."""
-        return True
-
     def _is_dense(self, step: int) -> bool:
         return step < self.layout.dense_levels
 
-    def _reads_edge_rows(self, step: int, eligibility) -> bool:
-        """Whether dense `step` reads its candidates from CSR rows (a kind's
-        `_dense_candidates` then does) rather than a whole mask row."""
-        return False
+    def _caps_step(self, step: int) -> bool:
+        """Whether `top_k` caps the candidates of int `step`."""
+        return self._is_dense(step) or self.caps_sparse_steps
 
     def _derived_index_shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Weights a kind derives from the index arrays (not in the archive)."""
@@ -657,23 +661,6 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
     def _derived_index_arrays(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Their values, from an index's arrays."""
         return {}
-
-    def _in_dense_head(self, states):
-        raise NotImplementedError
-
-    def _dense_allowed(self, states, step, eligibility=None):
-        """bool `[R, V]`: the allowed next tokens of dense-head states; with
-        a `RequestEligibility`, only those with an eligible, non-excluded
-        member below."""
-        raise NotImplementedError
-
-    def _dense_next(self, states, tokens, step):
-        raise NotImplementedError
-
-    def _dense_contains(self, states, tokens, step):
-        """bool `[R]`: whether each row's dense-head state allows its token
-        (in `[0, V)`); False for states outside the dense head."""
-        raise NotImplementedError
 
     def _member_range_shapes(self) -> dict[str, tuple[int, ...]]:
         """int32 weights `member_ranges` reads, by name (with eligibility sets)."""
@@ -718,19 +705,11 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         """VNTK: the `B_t` edge slots from each row's CSR start, `[R, B_t]`:
         clamped (always in range) edge numbers and whether each is real."""
         start, count = self._rows(states, step)
-        return self._row_slots(start, count, self._sparse_width(step))
-
-    @staticmethod
-    def _row_slots(start, count, width: int):
-        """`(edges, ok)` `[R, width]` of rows `[start, start + count)`."""
-        slot = ops.arange(width, dtype="int32")
-        ok = ops.less(slot, ops.expand_dims(count, 1))
-        edges = ops.where(ok, ops.expand_dims(start, 1) + slot, 0)
-        return edges, ok
+        return candidate_slots.row_slots(start, count, self._sparse_width(step))
 
     def _sparse_candidates(self, logits, states, step, k: int, eligibility=None):
         start, count = self._rows(states, step)
-        edges, ok = self._row_slots(start, count, self._sparse_width(step))
+        edges, ok = candidate_slots.row_slots(start, count, self._sparse_width(step))
         tokens = ops.cast(gather.take_runs(self.index_weights["tokens"], edges, start), "int32")
         scores = ops.where(ok, gather.take_along_rows(logits, tokens), -np.inf)
         next_states = self._edge_targets(edges)
@@ -738,8 +717,9 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
             ok = ops.logical_and(ok, self._sparse_keep(eligibility, edges, step))
             scores = ops.where(ok, scores, -np.inf)
         width = ops.shape(edges)[1]
-        if k < width and (step is None or self._caps(step)):
-            scores, tokens, next_states, ok = self._best_slots(scores, tokens, next_states, k)
+        if k < width and (step is None or self._caps_step(step)):
+            best = candidate_slots.best_slots(scores, tokens, next_states, k)
+            scores, tokens, next_states, ok = best
         elif k > width:  # any-step candidates: as wide as the widest dense step
             pad = [[0, 0], [0, k - width]]
             scores = ops.pad(scores, pad, constant_values=-np.inf)
@@ -747,35 +727,6 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
             next_states = ops.pad(next_states, pad, constant_values=INVALID_STATE)
             ok = ops.pad(ok, pad, constant_values=False)
         return scores, tokens, next_states, ok
-
-    def _dense_candidates(self, logits, states, step, k: int, cap: int, eligibility=None):
-        scores, tokens, ok = self._dense_top_k(logits, states, step, k, cap, eligibility)
-        next_states = self._dense_next(ops.expand_dims(states, 1), tokens, step)
-        return scores, tokens, next_states, ok
-
-    @staticmethod
-    def _best_slots(scores, tokens, next_states, k: int):
-        """The `k` best of `[R, B]` candidate slots (`-inf`: padding), sorted."""
-        scores, pick = ops.top_k(scores, k, sorted=True)
-        tokens = gather.take_along_rows(tokens, pick)
-        next_states = gather.take_along_rows(next_states, pick)
-        return scores, tokens, next_states, ops.greater(scores, -np.inf)
-
-    def _dense_top_k(self, logits, states, step, k: int, cap: int, eligibility=None):
-        """`(scores, tokens, ok)` `[R, k]`: the best `k` allowed tokens of
-        each dense-head row, of which the first `cap` count."""
-        allowed = self._dense_allowed(states, step, eligibility)
-        masked = ops.where(allowed, logits, -np.inf)
-        scores, tokens = ops.top_k(masked, k, sorted=True)
-        ok = gather.take_along_rows(allowed, tokens)
-        if cap < k:
-            ok = ops.logical_and(ok, ops.less(ops.arange(k), cap)[None, :])
-        return scores, ops.cast(tokens, "int32"), ok
-
-    def _dense_advance(self, states, tokens, step):
-        safe = ops.clip(tokens, 0, self.layout.vocab_size - 1)
-        ok = ops.logical_and(ops.equal(safe, tokens), self._dense_contains(states, safe, step))
-        return ops.where(ok, self._dense_next(states, safe, step), INVALID_STATE)
 
     def _static_step(self, step) -> int | None:
         """A Python int step (range-checked), or None for a tensor step or None."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 from keras import ops
 
 from static_keras.api_export import static_keras_export
@@ -18,11 +17,9 @@ from static_keras.layers import eligibility_step
 from static_keras.layers import gather
 from static_keras.layers import weight_upgrades
 from static_keras.layers.automaton_constraint import AutomatonConstraint
+from static_keras.layers.dense_head import DenseHead
 
 __all__ = ["INVALID_STATE", "MASKED_LOGIT", "PAD_TOKEN", "ConstrainedDecoding"]
-
-#: Bit j of an int32 mask word, j = 0..31 (bit 31 is the sign bit).
-_BIT_VALUES = (np.uint32(1) << np.arange(32, dtype=np.uint32)).view(np.int32)
 
 
 @static_keras_export
@@ -111,6 +108,9 @@ class ConstrainedDecoding(AutomatonConstraint):
 
     index_class = StaticIndex
     layout_class = IndexLayout
+    # Tokens per beam (`top_k`) cap the dense steps, whose width is the
+    # vocabulary; a CSR step returns its B_t slots, as in the reference.
+    caps_sparse_steps = False
 
     def __init__(
         self,
@@ -144,6 +144,11 @@ class ConstrainedDecoding(AutomatonConstraint):
         }
         super().__init__(index, layout_fields=layout_fields, **kwargs)
         layout = self.layout
+        if layout.dense_levels:
+            self.dense_head = DenseHead(
+                layout, self.index_weights, self.derived_index_weights, self._eligible_words,
+                self._depth,
+            )  # fmt: skip
         # Per-depth constants of the any-step kernels (tensor step or None).
         depths = range(layout.length + 1)
         self._depth_tables = {
@@ -165,16 +170,6 @@ class ConstrainedDecoding(AutomatonConstraint):
 
     # Kernels -----------------------------------------------------------------
 
-    def _caps(self, step: int) -> bool:
-        # Tokens per beam (`top_k`) caps the dense steps, whose width is the
-        # vocabulary; a CSR step returns its B_t slots, as in the reference.
-        return step < self.layout.dense_levels
-
-    def _in_dense_head(self, states):
-        return ops.logical_and(
-            ops.greater_equal(states, 0), ops.less(states, self.layout.dense_head_states)
-        )
-
     def _depth(self, states):
         """Tokens decoded to reach each (non-negative) state: one comparison per
         depth against `layout.depth_starts`, as `StaticIndex.depth` does."""
@@ -182,32 +177,6 @@ class ConstrainedDecoding(AutomatonConstraint):
         for start in self.layout.depth_starts[1:]:
             depth = depth + ops.cast(ops.greater_equal(states, start), "int32")
         return depth
-
-    def _dense_allowed(self, states, step, eligibility=None):
-        """Unpacks the bit-packed mask row of each dense-head state: bool `[R, V]`.
-
-        A dense-head state is its own mask row. With eligibility the row is
-        ANDed, word by word, with the set's mask row of that state and with
-        the codes the row's exclusions empty, before one unpack.
-        """
-        layout = self.layout
-        if step is None:
-            valid = self._in_dense_head(states)
-        else:
-            valid = ops.greater(states, INVALID_STATE)
-        safe = ops.where(valid, states, 0)
-        words = gather.take(self.index_weights["dense_masks"], safe)
-        if eligibility is not None:
-            eligible = self._eligible_words(safe, valid, step, eligibility, words)
-            words = ops.bitwise_and(words, eligible)
-        # Rows of invalid states unpack to nothing: zeroing their words costs
-        # `[R, V/32]`, not an `[R, V]` pass.
-        words = ops.where(ops.expand_dims(valid, 1), words, 0)
-        bits = ops.bitwise_and(ops.expand_dims(words, 2), _BIT_VALUES)
-        allowed = ops.reshape(ops.not_equal(bits, 0), (-1, layout.mask_words * 32))
-        if layout.mask_words * 32 != layout.vocab_size:
-            allowed = allowed[:, : layout.vocab_size]
-        return allowed
 
     def _eligible_words(self, states, valid, step, request, index_words):
         """int32 `[R, mask_words]`: the bits of codes below each dense-head
@@ -296,44 +265,6 @@ class ConstrainedDecoding(AutomatonConstraint):
             parent = states - gather.take(starts, depth)
         return eligibility_step.blocked_words(blocked, parent, layout.vocab_size, layout.mask_words)
 
-    def _dense_contains(self, states, tokens, step):
-        """Reads one bit per row (not the whole mask row)."""
-        if step is None:
-            valid = self._in_dense_head(states)
-        else:
-            valid = ops.greater(states, INVALID_STATE)
-        masks = self.index_weights["dense_masks"]
-        words = gather.take_cells(masks, ops.where(valid, states, 0), ops.right_shift(tokens, 5))
-        bits = ops.bitwise_and(ops.right_shift(words, ops.bitwise_and(tokens, 31)), 1)
-        return ops.logical_and(valid, ops.equal(bits, 1))
-
-    def _dense_next(self, states, tokens, step):
-        """Next state in the dense head: the next code's state, or the tail
-        state after d tokens. `states` broadcasts against `tokens`.
-
-        Only allowed tokens are asked for (callers mask the others), so the
-        state map's -1 for codes outside the set is never read as a state.
-        """
-        layout = self.layout
-        vocab, last = layout.vocab_size, layout.dense_levels - 1
-        table = self.index_weights["dense_states"]
-        if step is not None:
-            head = ops.greater(states, INVALID_STATE)
-            codes = (states - layout.dense_mask_offsets[step]) * vocab + tokens
-            if step < last:
-                return layout.dense_mask_offsets[step + 1] + codes
-            tail = gather.take(table, ops.where(head, codes, 0)) + layout.dense_head_states
-            return ops.where(head, tail, INVALID_STATE)
-        head = self._in_dense_head(states)
-        states = ops.where(head, states, 0)
-        depth = self._depth(states)
-        offsets = ops.convert_to_tensor(self._depth_tables["depth_start"], "int32")
-        codes = (states - gather.take(offsets, depth)) * vocab + tokens
-        at_last = ops.logical_and(ops.equal(depth, last), head)
-        tail = gather.take(table, ops.where(at_last, codes, 0)) + layout.dense_head_states
-        deeper = gather.take(offsets, depth + 1) + codes
-        return ops.where(head, ops.where(at_last, tail, deeper), INVALID_STATE)
-
     def _rows(self, states, step):
         """CSR row of each tail state: `(start, count)`, count 0 elsewhere."""
         layout = self.layout
@@ -379,35 +310,6 @@ class ConstrainedDecoding(AutomatonConstraint):
         if not self.derived_index_weights:
             return {}
         return dense_edge_rows.arrays(self.layout, arrays["dense_states"])
-
-    def _reads_edge_rows(self, step: int, eligibility) -> bool:
-        # Requests with eligibility read the mask rows (their set words
-        # and exclusions are per mask word); the results are the same.
-        return (
-            eligibility is None
-            and step == self.layout.dense_levels - 1
-            and dense_edge_rows.POINTERS in self.derived_index_weights
-        )
-
-    def _dense_candidates(self, logits, states, step, k: int, cap: int, eligibility=None):
-        if step is None or not self._reads_edge_rows(step, eligibility):
-            return super()._dense_candidates(logits, states, step, k, cap, eligibility)
-        # The children of a code are consecutive depth-d tail states: B_t
-        # slots from its row pointer, as a tail step reads its CSR row.
-        layout = self.layout
-        valid = ops.greater(states, INVALID_STATE)
-        codes = ops.where(valid, states - layout.dense_mask_offsets[step], 0)
-        pointers = self.derived_index_weights[dense_edge_rows.POINTERS]
-        start = gather.take(pointers, codes)
-        count = ops.where(valid, gather.take(pointers, codes + 1) - start, 0)
-        edges, ok = self._row_slots(start, count, layout.step_widths[step])
-        tokens = gather.take_runs(self.derived_index_weights[dense_edge_rows.TOKENS], edges, start)
-        tokens = ops.cast(tokens, "int32")
-        scores = ops.where(ok, gather.take_along_rows(logits, tokens), -np.inf)
-        next_states = edges + layout.dense_head_states  # depth-d tail state = edge
-        if k < ops.shape(edges)[1]:
-            return self._best_slots(scores, tokens, next_states, k)
-        return scores, tokens, next_states, ok
 
     def eligibility_refresh_spec(self) -> dict:
         """Also the dense-step masks (`eligibility_dense`), derived from the
