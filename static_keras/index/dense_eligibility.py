@@ -103,3 +103,25 @@ def dense_eligibility_masks(
             masks[s, row : row + vocab**t] = packed
             row += vocab**t
     return masks
+
+
+def dense_member_codes(layout, boundaries) -> np.ndarray:
+    """int32 `[max(num_members, 1)]`: each member's code of depth d (its
+    first d tokens as a base-V number), from the host `dense_boundary_table`.
+
+    Members are in code order, so depth d's block of the table is where
+    each code's members start: a repeat, no search. A request's exclusions
+    read their codes here with one gather (`dense_codes`) instead of a
+    binary search per dense depth (dependent cache misses per member, the
+    largest eligibility cost with cold caches).
+    """
+    d, vocab = layout.dense_levels, layout.vocab_size
+    start = dense_boundary_offsets(layout)[d]
+    first = np.asarray(boundaries[start : start + vocab**d + 1], np.int64)
+    codes = np.repeat(np.arange(vocab**d, dtype=np.int32), np.diff(first))
+    if codes.size != layout.num_members:
+        raise ValueError(
+            f"The dense boundary table covers {codes.size} members, the index has "
+            f"{layout.num_members}"
+        )
+    return codes if codes.size else np.zeros(1, np.int32)

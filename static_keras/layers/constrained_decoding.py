@@ -365,7 +365,7 @@ class ConstrainedDecoding(AutomatonConstraint):
                 )
         arrays = {"dense_boundaries": table}
         if layout.dense_levels:
-            arrays["dense_member_codes"] = eligibility_step.dense_member_codes(layout, table)
+            arrays["dense_member_codes"] = dense_eligibility.dense_member_codes(layout, table)
         for t, window in enumerate(self.eligibility_windows):
             if window:
                 fields = derived_dense_masks.code_fields(

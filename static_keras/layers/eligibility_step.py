@@ -347,28 +347,6 @@ def _set_counts(set_ids, ranked, count):
     return ops.where(ops.greater_equal(set_ids, -1)[:, None], count, 0)
 
 
-def dense_member_codes(layout, boundaries) -> np.ndarray:
-    """int32 `[max(num_members, 1)]`: each member's code of depth d (its
-    first d tokens as a base-V number), from the host `dense_boundary_table`.
-
-    Members are in code order, so depth d's block of the table is where
-    each code's members start: a repeat, no search. A request's exclusions
-    read their codes here with one gather (`dense_codes`) instead of a
-    binary search per dense depth (dependent cache misses per member, the
-    largest eligibility cost with cold caches).
-    """
-    d, vocab = layout.dense_levels, layout.vocab_size
-    start = dense_boundary_offsets(layout)[d]
-    first = np.asarray(boundaries[start : start + vocab**d + 1], np.int64)
-    codes = np.repeat(np.arange(vocab**d, dtype=np.int32), np.diff(first))
-    if codes.size != layout.num_members:
-        raise ValueError(
-            f"The dense boundary table covers {codes.size} members, the index has "
-            f"{layout.num_members}"
-        )
-    return codes if codes.size else np.zeros(1, np.int32)
-
-
 def dense_codes(member_codes, members, counted):
     """int32 `[R, E + 1]`: the code of depth d whose block holds each counted
     member (-1 for the others), once per decode: one gather.

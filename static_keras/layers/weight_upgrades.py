@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from static_keras.index import dense_eligibility
 from static_keras.layers import dense_edge_rows
-from static_keras.layers import eligibility_step
 
 
 def upgraded_store(layer, store):
@@ -36,7 +36,7 @@ def upgraded_store(layer, store):
     value = {id(w): np.asarray(store[str(i)]) for i, w in enumerate(saved)}
     if id(codes) in absent:  # version 1
         table = value[id(layer.member_range_weights["dense_boundaries"])]
-        value[id(codes)] = eligibility_step.dense_member_codes(layer.layout, table)
+        value[id(codes)] = dense_eligibility.dense_member_codes(layer.layout, table)
     if layer.derived_index_weights:  # versions 1 and 2
         states = value[id(layer.index_weights["dense_states"])]
         derived = dense_edge_rows.arrays(layer.layout, states)
