@@ -142,7 +142,7 @@ def test_member_starts_bound_abutting_ranges_and_dead_rows_keep_nothing(dense_le
         edges, ok = layer._sparse_slots(rows, step)
         between = np.asarray(layer._sparse_keep(request, edges, step))
         lo, hi = layer.member_ranges(layer._edge_targets(edges), step + 1)
-        both = np.asarray(layer._keep(request, lo, hi))
+        both = np.asarray(layer.eligibility_filter.keep(request, lo, hi))
         ok = np.asarray(ok)
         np.testing.assert_array_equal(between[ok], both[ok])
         assert not ok[-1].any()

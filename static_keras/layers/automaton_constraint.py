@@ -38,8 +38,6 @@ from static_keras.constants import PAD_TOKEN
 from static_keras.index import archive
 from static_keras.index.automaton import TokenAutomaton
 from static_keras.index.eligibility import EligibilitySets
-from static_keras.index.eligibility import directory_size
-from static_keras.index.eligibility import words_per_set
 from static_keras.index.member_catalogue import MemberCatalogue
 from static_keras.index.member_catalogue import catalogue_fingerprint
 from static_keras.layers import candidate_slots
@@ -47,6 +45,7 @@ from static_keras.layers import eligibility_step
 from static_keras.layers import gather
 from static_keras.layers.decoding_constraint import DecodingConstraint
 from static_keras.layers.decoding_constraint import StepProposal
+from static_keras.layers.eligibility_filter import EligibilityFilter
 
 #: automaton kind -> "module:Class" of its constraint layer.
 LAYER_CLASSES = {
@@ -116,7 +115,9 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         super().__init__(**kwargs)
         name = type(self).__name__
         self.dense_head = None  # a kind with a dense head sets its `DenseHead`
-        self._init_eligibility(eligibility, eligibility_sets, eligibility_names)
+        self.eligibility_filter = EligibilityFilter(
+            eligibility, eligibility_sets, eligibility_names
+        )
         if index is not None:
             if not isinstance(index, self.index_class):
                 raise ValueError(
@@ -173,9 +174,9 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         if self._pending_index is not None:
             self.set_index(self._pending_index)
             self._pending_index = None
-        if self._pending_eligibility is not None:
-            self.set_eligibility(self._pending_eligibility)
-            self._pending_eligibility = None
+        if self.eligibility_filter.pending is not None:
+            self.set_eligibility(self.eligibility_filter.pending)
+            self.eligibility_filter.pending = None
         self.built = True
 
     def set_index(self, index: TokenAutomaton) -> None:
@@ -214,55 +215,27 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
 
     # Eligibility sets ---------------------------------------------------------
 
-    def _init_eligibility(self, eligibility, num_sets, names) -> None:
-        """Sizes the eligibility weights: S sets from `eligibility` (an
-        `EligibilitySets`) or `eligibility_sets`; 0 adds no weight at all."""
-        if eligibility is not None:
-            if not isinstance(eligibility, EligibilitySets):
-                raise ValueError(
-                    "`eligibility` must be an EligibilitySets. "
-                    f"Received: {type(eligibility).__name__}"
-                )
-            if num_sets not in (0, eligibility.num_sets):
-                raise ValueError(
-                    f"`eligibility_sets`={num_sets} but `eligibility` holds "
-                    f"{eligibility.num_sets} sets"
-                )
-            num_sets = eligibility.num_sets
-            names = eligibility.names if names is None else names
-        if isinstance(num_sets, bool) or not isinstance(num_sets, (int, np.integer)):
-            raise ValueError(f"`eligibility_sets` must be an int >= 0. Received: {num_sets!r}")
-        if num_sets < 0:
-            raise ValueError(f"`eligibility_sets` must be an int >= 0. Received: {num_sets!r}")
-        if names is not None:
-            names = tuple(names)
-            if len(names) != num_sets:
-                raise ValueError(
-                    f"`eligibility_names` must name all {num_sets} sets. Received: {list(names)}"
-                )
-        self.num_eligibility_sets = int(num_sets)
-        self.eligibility_names = names
-        self._pending_eligibility = eligibility
-
     def _build_eligibility(self) -> None:
-        self.eligibility_weights = {}
+        # Set weights, those a kind derives from the sets, then its member
+        # ranges: the order files hold them in.
+        self.eligibility_weights = self.eligibility_filter.add_weights(
+            self.add_weight, self.layout.num_members, self._eligibility_mask_shapes()
+        )
         self.member_range_weights = {}
         if not self.num_eligibility_sets:
             return
-        sets, members = self.num_eligibility_sets, self.layout.num_members
-        shapes = {
-            "eligibility_words": (sets, words_per_set(members)),
-            "eligibility_directory": (sets, directory_size(members)),
-        }
-        shapes.update(self._eligibility_mask_shapes())
-        for name, shape in shapes.items():
-            self.eligibility_weights[name] = self.add_weight(
-                name=name, shape=shape, dtype="int32", initializer="zeros", trainable=False
-            )
         for name, shape in self._member_range_shapes().items():
             self.member_range_weights[name] = self.add_weight(
                 name=name, shape=shape, dtype="int32", initializer="zeros", trainable=False
             )
+
+    @property
+    def num_eligibility_sets(self) -> int:
+        return self.eligibility_filter.num_sets
+
+    @property
+    def eligibility_names(self):
+        return self.eligibility_filter.names
 
     def set_eligibility(self, eligibility_sets: EligibilitySets) -> None:
         """Assigns new set bits in place (a refresh: no rebuild, no retrace).
@@ -271,38 +244,12 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         holds, with the same names (a set id means the same set before and
         after); a layer built without names takes these.
         """
-        if not isinstance(eligibility_sets, EligibilitySets):
-            raise ValueError(
-                "`eligibility_sets` must be an EligibilitySets. "
-                f"Received: {type(eligibility_sets).__name__}"
-            )
-        if not self.num_eligibility_sets:
-            raise ValueError(
-                "This layer holds no eligibility sets; build it with `eligibility=` "
-                "or `eligibility_sets=S`"
-            )
-        if eligibility_sets.num_members != self.layout.num_members:
-            raise ValueError(
-                f"The sets are over {eligibility_sets.num_members} members; this index "
-                f"has {self.layout.num_members}"
-            )
-        if eligibility_sets.num_sets != self.num_eligibility_sets:
-            raise ValueError(
-                f"This layer holds {self.num_eligibility_sets} eligibility sets. "
-                f"Received {eligibility_sets.num_sets}"
-            )
-        eligibility_sets.require_catalogue(self.catalogue_fingerprint(), "this layer's index")
-        names = tuple(eligibility_sets.names)
-        if self.eligibility_names is not None and names != tuple(self.eligibility_names):
-            raise ValueError(
-                f"The set names differ: the layer has {list(self.eligibility_names)}, "
-                f"the sets have {list(names)} (set ids would change meaning)"
-            )
-        arrays = eligibility_sets.device_arrays()
-        arrays.update(self._eligibility_mask_arrays(eligibility_sets))
-        for name, array in arrays.items():
-            self.eligibility_weights[name].assign(array)
-        self.eligibility_names = names
+        fingerprint = (
+            self.catalogue_fingerprint() if isinstance(eligibility_sets, EligibilitySets) else ""
+        )
+        self.eligibility_filter.assign(
+            eligibility_sets, self.layout.num_members, fingerprint, self._eligibility_mask_arrays
+        )
 
     def eligibility_refresh_spec(self) -> dict:
         """What an eligibility-only refresh of an exported model rewrites.
@@ -341,18 +288,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
 
     def eligibility_sets(self) -> EligibilitySets:
         """The sets this layer holds, as a host `EligibilitySets` (a copy)."""
-        if not self.num_eligibility_sets:
-            raise ValueError("This layer holds no eligibility sets")
-        words, directory = (
-            np.asarray(ops.convert_to_numpy(self.eligibility_weights[name]))
-            .astype(np.int32, copy=False)
-            .view(np.uint32)
-            for name in ("eligibility_words", "eligibility_directory")
-        )
-        names = self.eligibility_names
-        if names is None:
-            names = [f"set_{i}" for i in range(self.num_eligibility_sets)]
-        return EligibilitySets(names, words, directory, self.catalogue())
+        return self.eligibility_filter.held_sets(ops.convert_to_numpy, self.catalogue())
 
     def member_ranges(self, states, depth: int | None = None):
         """`(lo, hi)` int32, shape of `states`: the members below each state
@@ -367,35 +303,15 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         (the rows they must have, where known; a ValueError or TypeError
         names the problem) and set out for the steps of a decode
         (`eligibility_step.RequestEligibility`, returned as is if given)."""
-        if not self.num_eligibility_sets:
-            raise ValueError(
-                "`eligibility` needs a layer with eligibility sets: build it with "
-                "`eligibility=` (an EligibilitySets) or `eligibility_sets=S`"
-            )
-        return eligibility_step.prepare(
-            self.eligibility_weights["eligibility_words"],
-            self.layout.num_members,
-            eligibility,
-            self.num_eligibility_sets,
-            self._dense_exclusions,
-            rows,
+        return self.eligibility_filter.check(
+            eligibility, self.layout.num_members, self._dense_exclusions, rows
         )
 
     def _sparse_keep(self, eligibility, edges, step):
         """bool `[R, B]`: whether each edge slot's target keeps an eligible,
         non-excluded member (`_sparse_slots` edges; padding slots: any)."""
         lo, hi = self._member_ranges(self._edge_targets(edges), None if step is None else step + 1)
-        return self._keep(eligibility, lo, hi)
-
-    def _keep(self, eligibility, lo, hi):
-        """bool: whether each range holds an eligible, non-excluded member."""
-        return eligibility_step.keep_mask(
-            self.eligibility_weights["eligibility_words"],
-            self.eligibility_weights["eligibility_directory"],
-            eligibility,
-            lo,
-            hi,
-        )
+        return self.eligibility_filter.keep(eligibility, lo, hi)
 
     def index_arrays(self) -> dict[str, np.ndarray]:
         """The device arrays this layer holds, as NumPy arrays of the layout's dtypes."""
