@@ -607,6 +607,65 @@ def test_fill_bitmask_matches_allowed_tokens_with_wide_rows():
         index.fill_bitmask(states[:2], np.zeros((bitmask.shape[1], 2), np.int32).T)
 
 
+@pytest.mark.parametrize("wide_edges", [0, 3, 64, 10**9])
+def test_bitmask_writer_exact_across_chunks_dtypes_and_wide_thresholds(wide_edges):
+    # More rows than one zeroing chunk (128 KiB of rows), states repeated
+    # and out of range, every state wide or none: the rows equal the oracle.
+    rng = np.random.default_rng(5)
+    alphabet = b"abcdefghijklmnopqrstuvwxyz .-"
+    pairs = {bytes(rng.choice(list(alphabet), 2).tolist()) for _ in range(200)}
+    tokens = [bytes([b]) for b in range(256)] + sorted(pairs) + [b"<eos>"]
+    vocab = TokenVocabulary.from_token_bytes(tokens, special=[len(tokens) - 1])
+    strings = [
+        bytes(rng.choice(list(alphabet), int(rng.integers(1, 7))).tolist()) for _ in range(300)
+    ]
+    index = StringIndex.from_strings(strings, vocab, eos_token_id=len(tokens) - 1)
+    states = rng.integers(-3, index.num_states + 3, 3 * 2**17 // 64).astype(np.int32)
+    expected = index.allowed_tokens(states)
+    words = (vocab.vocab_size + 31) // 32
+    indptr, edge_tokens = index.arrays["indptr"], index.arrays["tokens"]
+    for indptr_dtype, tokens_dtype in ((np.int32, np.uint16), (np.int64, np.int64)):
+        writer = kernels.BitmaskWriter(
+            indptr.astype(indptr_dtype),
+            edge_tokens.astype(tokens_dtype),
+            vocab.vocab_size,
+            wide_edges,
+        )
+        assert writer.wide_states == int((np.diff(indptr) > wide_edges).sum())
+        out = np.full((states.size + 1, words), -1, np.int32)
+        writer(states, out)
+        bits = np.unpackbits(out.view(np.uint8), axis=1, bitorder="little")
+        np.testing.assert_array_equal(bits[:-1, : vocab.vocab_size].astype(bool), expected)
+        assert not bits[:-1, vocab.vocab_size :].any()
+        np.testing.assert_array_equal(out[-1], -1)  # rows past n untouched
+
+
+@pytest.mark.parametrize("vocab_size", [40, 2**20, 2**20 + 1])
+def test_bitmask_writer_packs_small_states_at_any_vocabulary_size(vocab_size):
+    # States of 0-5 edges (up to 3 tokens are kept in the state's entry: 20
+    # bits each up to V = 2**20, 30 bits above), the largest ids included.
+    rng = np.random.default_rng(vocab_size)
+    rows = [sorted(rng.choice(vocab_size, n, replace=False).tolist()) for n in range(6)] * 3
+    rows += [
+        [vocab_size - 1],
+        [0, vocab_size - 1],
+        [vocab_size - 3, vocab_size - 2, vocab_size - 1],
+    ]
+    indptr = np.cumsum([0] + [len(r) for r in rows])
+    edge_tokens = np.array([t for r in rows for t in r], np.int64)
+    writer = kernels.BitmaskWriter(indptr, edge_tokens, vocab_size, 4)
+    states = np.arange(-1, len(rows) + 1, dtype=np.int32)
+    out = np.full((states.size, writer.words), -1, np.int32)
+    writer(states, out)
+    expected = np.zeros((states.size, writer.words * 32), np.uint8)
+    for i, state in enumerate(states):
+        if 0 <= state < len(rows):
+            expected[i, rows[state]] = 1
+    np.testing.assert_array_equal(
+        np.unpackbits(out.view(np.uint8), axis=1, bitorder="little"), expected
+    )
+
+
 @pytest.mark.parametrize(
     "name",
     [

@@ -399,14 +399,44 @@ cdef inline int64_t _load(const char* data, int size, int64_t i) noexcept nogil:
     return (<const int64_t*>data)[i]
 
 
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define SK_PREFETCH(p) __builtin_prefetch((const void*)(p))
+    #else
+    #define SK_PREFETCH(p) ((void)(p))
+    #endif
+    """
+    void _prefetch "SK_PREFETCH"(const void* address) noexcept nogil
+
+# The writer's entry of a state (uint64): the kind in the top 2 bits, then
+# - _SPAN: edge count in bits 40-61, first edge in bits 0-39;
+# - _INLINE: the state's 1-3 tokens themselves (count in bits 60-61, tokens
+#   in fields of `_token_bits` from bit 0): no read of `tokens` at all;
+# - _WIDE: the number of its precomputed row in the low bits.
+cdef uint64_t _SPAN = 0, _INLINE = 1, _WIDE = 2
+cdef uint64_t _LOW40 = (<uint64_t>1 << 40) - 1
+cdef int64_t _MAX_SPAN_COUNT = (<int64_t>1 << 22) - 1
+#: Rows zeroed by one memset: a cold buffer is written faster in long runs
+#: than row by row, and a chunk stays in L2 while its bits are set.
+cdef Py_ssize_t _CHUNK_BYTES = 128 * 1024
+
+
 cdef class BitmaskWriter:
     """Writes the allowed tokens of states as bitmask rows (XGrammar/vLLM
     layout: int32 words, token t at word t // 32, bit t % 32).
 
     Built once per index; a call does no allocation and holds no Python
     objects in its loop. Wide states (more edges than `wide_edges`, e.g. the
-    root) copy a row precomputed here; the others zero their row and set a
-    bit per edge. States outside `[0, num_states)` allow nothing.
+    root) copy a row precomputed here; the others have their bits set one
+    per edge in rows zeroed a chunk at a time. States outside
+    `[0, num_states)` allow nothing.
+
+    In a decode loop the index is out of cache at every call (the model's
+    forward pass ran in between), so the loop is built around its misses:
+    one 8-byte entry per state says where the state's tokens are, or holds
+    them when there are at most 3 (most states of a string set: no second
+    lookup), and every row's entry and tokens are prefetched before use.
 
     Args:
         indptr: int `[num_states + 1]`, CSR row starts (any int dtype).
@@ -415,37 +445,70 @@ cdef class BitmaskWriter:
         wide_edges: edge count above which a state's row is precomputed.
     """
 
-    cdef object _indptr, _tokens, _masks
-    cdef const char* _indptr_p
+    cdef object _tokens, _entries, _masks
     cdef const char* _tokens_p
-    cdef int _indptr_size, _tokens_size
+    cdef int _tokens_size
+    cdef const uint64_t* _entry_p
+    cdef const int32_t* _precomputed_p
     cdef int64_t _num_states
+    cdef int _token_bits
     cdef readonly Py_ssize_t words
-    cdef int64_t[::1] _wide
-    cdef int32_t[:, ::1] _precomputed
 
     def __init__(self, indptr, tokens, int64_t vocab_size, int64_t wide_edges):
-        self._indptr = np.ascontiguousarray(indptr)
+        cdef const char* starts
+        cdef int size
+        cdef int64_t state, wide = 0
+        # Counts past the span's 22 bits are always precomputed.
+        cdef int64_t wide_limit = min(wide_edges, _MAX_SPAN_COUNT)
+        indptr = np.ascontiguousarray(indptr)
         self._tokens = np.ascontiguousarray(tokens)
-        for name, array in (("indptr", self._indptr), ("tokens", self._tokens)):
+        for name, array in (("indptr", indptr), ("tokens", self._tokens)):
             if array.dtype.kind not in "iu" or array.dtype.itemsize not in (1, 2, 4, 8):
                 raise ValueError(f"`{name}` must be an integer array. Received {array.dtype}")
-        self._indptr_size = self._indptr.dtype.itemsize
+        if self._tokens.shape[0] > <int64_t>_LOW40:
+            raise ValueError(f"At most 2**40 edges. Received {self._tokens.shape[0]}")
         self._tokens_size = self._tokens.dtype.itemsize
-        self._indptr_p = <const char*><size_t>self._indptr.ctypes.data
         self._tokens_p = <const char*><size_t>self._tokens.ctypes.data
-        self._num_states = self._indptr.shape[0] - 1
+        self._num_states = indptr.shape[0] - 1
         self.words = (vocab_size + 31) // 32
-        counts = np.diff(self._indptr.astype(np.int64))
-        wide_states = np.flatnonzero(counts > wide_edges)
-        wide = np.full(self._num_states, -1, np.int64)
-        self._wide = wide
-        self._masks = np.empty((wide_states.size, self.words), np.int32)
-        self._precomputed = self._masks
-        cdef const int32_t[::1] ids = wide_states.astype(np.int32)
-        if ids.shape[0]:  # edge by edge: no state is wide yet
-            self._write(&ids[0], ids.shape[0], &self._precomputed[0, 0])
-        wide[wide_states] = np.arange(wide_states.size)
+        # Up to 3 tokens of 20 bits, or 2 of 30, fit in the 60 bits below the tags.
+        self._token_bits = 20 if vocab_size <= 1 << 20 else 30 if vocab_size <= 1 << 30 else 0
+        starts = <const char*><size_t>indptr.ctypes.data
+        size = indptr.dtype.itemsize
+        for state in range(self._num_states):
+            wide += _load(starts, size, state + 1) - _load(starts, size, state) > wide_limit
+        self._masks = np.zeros((wide, self.words), np.int32)
+        self._precomputed_p = <const int32_t*><size_t>self._masks.ctypes.data
+        self._entries = np.empty(self._num_states, np.uint64)
+        self._entry_p = <const uint64_t*><size_t>self._entries.ctypes.data
+        self._build(starts, size, wide_limit)
+
+    cdef void _build(self, const char* starts, int size, int64_t wide_limit) noexcept:
+        cdef uint64_t* entry = <uint64_t*>self._entry_p
+        cdef int capacity = 60 // self._token_bits if self._token_bits else 0
+        cdef int64_t state, start, count, wide = 0, e
+        cdef uint64_t packed
+        for state in range(self._num_states):
+            start = _load(starts, size, state)
+            count = _load(starts, size, state + 1) - start
+            if count > wide_limit:
+                entry[state] = (_WIDE << 62) | <uint64_t>wide
+                for e in range(start, start + count):
+                    self._set_bit(<uint32_t*>(self._precomputed_p + wide * self.words), e)
+                wide += 1
+            elif 1 <= count <= capacity:
+                packed = (_INLINE << 62) | (<uint64_t>count << 60)
+                for e in range(count):
+                    packed |= <uint64_t>_load(
+                        self._tokens_p, self._tokens_size, start + e
+                    ) << (e * self._token_bits)
+                entry[state] = packed
+            else:
+                entry[state] = (<uint64_t>count << 40) | <uint64_t>start
+
+    cdef inline void _set_bit(self, uint32_t* row, int64_t edge) noexcept nogil:
+        cdef int64_t t = _load(self._tokens_p, self._tokens_size, edge)
+        row[t >> 5] |= (<uint32_t>1) << (t & 31)
 
     @property
     def wide_states(self) -> int:
@@ -492,28 +555,46 @@ cdef class BitmaskWriter:
     def _out_message(self, n):
         return f"`out` must be a C-contiguous int32 array [>= {n}, {self.words}]"
 
+    cdef inline uint64_t _entry(self, int64_t state) noexcept nogil:
+        if state < 0 or state >= self._num_states:
+            return 0  # a span of no edges: the row stays zero
+        return self._entry_p[state]
+
     cdef void _write(self, const int32_t* states, Py_ssize_t n, int32_t* out) noexcept:
-        cdef Py_ssize_t r
-        cdef size_t row_bytes = self.words * sizeof(uint32_t)
-        cdef int64_t state, e, t, end
+        cdef Py_ssize_t words = self.words, r, first = 0, last
+        cdef size_t row_bytes = words * sizeof(uint32_t)
+        cdef Py_ssize_t chunk = max(1, _CHUNK_BYTES // <Py_ssize_t>row_bytes)
+        cdef uint64_t entry, kind, field_mask = ((<uint64_t>1) << self._token_bits) - 1
+        cdef int64_t e, end, t
         cdef uint32_t* row
         with nogil:
-            for r in range(n):
-                row = <uint32_t*>(out + r * self.words)
-                state = states[r]
-                if state < 0 or state >= self._num_states:
-                    memset(row, 0, row_bytes)
-                    continue
-                if self._wide[state] >= 0:
-                    memcpy(row, &self._precomputed[self._wide[state], 0], row_bytes)
-                    continue
-                memset(row, 0, row_bytes)
-                e = _load(self._indptr_p, self._indptr_size, state)
-                end = _load(self._indptr_p, self._indptr_size, state + 1)
-                while e < end:
-                    t = _load(self._tokens_p, self._tokens_size, e)
-                    row[t >> 5] |= (<uint32_t>1) << (t & 31)
-                    e += 1
+            for r in range(n):  # every row's entry in flight at once
+                if 0 <= states[r] < self._num_states:
+                    _prefetch(self._entry_p + states[r])
+            while first < n:
+                last = min(first + chunk, n)
+                for r in range(first, last):  # their tokens, while the memset runs
+                    entry = self._entry(states[r])
+                    if entry >> 62 == _SPAN:
+                        _prefetch(self._tokens_p + <int64_t>(entry & _LOW40) * self._tokens_size)
+                memset(out + first * words, 0, (last - first) * row_bytes)
+                for r in range(first, last):
+                    row = <uint32_t*>(out + r * words)
+                    entry = self._entry(states[r])
+                    kind = entry >> 62
+                    if kind == _INLINE:
+                        for e in range((entry >> 60) & 3):
+                            t = <int64_t>((entry >> (e * self._token_bits)) & field_mask)
+                            row[t >> 5] |= (<uint32_t>1) << (t & 31)
+                    elif kind == _WIDE:
+                        memcpy(row, self._precomputed_p + (entry & _LOW40) * words, row_bytes)
+                    else:
+                        e = <int64_t>(entry & _LOW40)
+                        end = e + <int64_t>((entry >> 40) & _MAX_SPAN_COUNT)
+                        while e < end:
+                            self._set_bit(row, e)
+                            e += 1
+                first = last
 
 
 cdef inline bint _is_int32(Py_buffer* view) noexcept:

@@ -219,9 +219,11 @@ class StringIndex(TokenAutomaton):
 
         One compiled pass over the rows (`kernels.BitmaskWriter`, built on
         first use): wide states (more allowed tokens than a bitmask row has
-        words / 16, e.g. the root) copy a precomputed row; the others zero
-        their row and set a bit per edge. States outside the index allow
-        nothing. The cost per row is about writing the row (V / 8 bytes).
+        words / 16, e.g. the root) copy a precomputed row; the others set a
+        bit per edge in rows zeroed a chunk at a time, their index entries
+        prefetched (they are cold between two forward passes). States
+        outside the index allow nothing. The cost per row is about writing
+        the row (V / 8 bytes).
         """
         writer = self._bitmask_writer
         if writer is None:
