@@ -257,7 +257,9 @@ def _percentile(values, q):
     return float(np.percentile(np.asarray(values, float), q)) if len(values) else float("nan")
 
 
-def _mask_benchmark(args, vocab, vocab_npz, index, strings, k, rows_out, diff_out, label):
+def _mask_benchmark(
+    args, vocab, vocab_npz, index, strings, k, rows_out, diff_out, label, failed=None
+):
     rng = np.random.default_rng(args.seed)
     paths, lengths = _sample_paths(index, max(64, args.batch), rng)
     rows = rng.integers(0, paths.shape[0], (args.batches, args.batch))
@@ -311,6 +313,11 @@ def _mask_benchmark(args, vocab, vocab_npz, index, strings, k, rows_out, diff_ou
         rows_out.extend(_layer_benchmark(args, index, states, base))
     for peer in args.peers:
         if k > args.peer_max_k[peer]:
+            continue
+        if peer in (failed or {}):  # a compile that timed out would time out again here
+            status = f"not run (compile: {failed[peer]})"
+            rows_out.append(dict(base, engine=peer, status=status))
+            diff_out.append(dict(base, engine=peer, status=status))
             continue
         result = _run_peer(
             peer, vocab_npz, strings, 1, args.peer_timeout, args.cache_dir, paths=paths_file
@@ -476,6 +483,7 @@ def main(argv=None):
                     ["set", "k", "engine", "compile_ms_median", "index_mib", "peak_mib"],
                 )
             )
+            failed = {}
             for peer in args.peers:
                 if k > args.peer_max_k[peer]:
                     compile_rows.append(
@@ -487,7 +495,9 @@ def main(argv=None):
                     peer, vocab_npz, strings, peer_repeats, args.peer_timeout, args.cache_dir
                 )
                 row = dict(base, engine=peer, status=result["status"])
-                if result["status"] == "ok":
+                if result["status"] != "ok":
+                    failed[peer] = result["status"]
+                else:
                     row.update(
                         compile_ms_median=statistics.median(result["compile_s"]) * 1000,
                         compile_ms_min=min(result["compile_s"]) * 1000,
@@ -509,7 +519,7 @@ def main(argv=None):
             if set_name == args.set and k in args.mask_ks:
                 first = len(mask_rows)
                 _mask_benchmark(
-                    args, vocab, vocab_npz, index, strings, k, mask_rows, diff_rows, label
+                    args, vocab, vocab_npz, index, strings, k, mask_rows, diff_rows, label, failed
                 )
                 print(_table(mask_rows[first:], _MASK_COLUMNS[1:]))
             _write(os.path.join(args.out_dir, "strings_compile.csv"), compile_rows)
