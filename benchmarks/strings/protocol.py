@@ -18,8 +18,10 @@ import time
 
 import numpy as np
 
-#: Bytes written between timed calls: above this machine's 32 MiB L3, the
-#: order of a small model's activations for a batch.
+#: Bytes written between timed calls: the order of a small model's
+#: activations for a batch, above the 32 MiB L3 of the machine this was set
+#: on (the 2026-12-03 VM reports 504 MiB of L3: there it clears L1/L2 and
+#: the TLB, not necessarily L3).
 EVICT_BYTES = 64 * 2**20
 BATCH_SIZES = (1, 16, 256)
 PROTOCOLS = ("serving loop", "back to back")
