@@ -12,12 +12,14 @@ from static_keras.index import dense_eligibility
 from static_keras.index.layout import IndexLayout
 from static_keras.index.static_index import StaticIndex
 from static_keras.layers import dense_edge_rows
+from static_keras.layers import dense_step_eligibility
 from static_keras.layers import derived_dense_masks
 from static_keras.layers import eligibility_step
 from static_keras.layers import gather
 from static_keras.layers import weight_upgrades
 from static_keras.layers.automaton_constraint import AutomatonConstraint
 from static_keras.layers.dense_head import DenseHead
+from static_keras.layers.dense_step_eligibility import DenseStepEligibility
 
 __all__ = ["INVALID_STATE", "MASKED_LOGIT", "PAD_TOKEN", "ConstrainedDecoding"]
 
@@ -144,10 +146,17 @@ class ConstrainedDecoding(AutomatonConstraint):
         }
         super().__init__(index, layout_fields=layout_fields, **kwargs)
         layout = self.layout
+        self.dense_step_eligibility = None
+        if layout.dense_levels and self.num_eligibility_sets:
+            self.dense_step_eligibility = DenseStepEligibility(
+                layout, self.eligibility_windows, self.eligibility_weights,
+                self.member_range_weights, self._depth,
+            )  # fmt: skip
         if layout.dense_levels:
+            part = self.dense_step_eligibility
             self.dense_head = DenseHead(
-                layout, self.index_weights, self.derived_index_weights, self._eligible_words,
-                self._depth,
+                layout, self.index_weights, self.derived_index_weights,
+                None if part is None else part.eligible_words, self._depth,
             )  # fmt: skip
         # Per-depth constants of the any-step kernels (tensor step or None).
         depths = range(layout.length + 1)
@@ -177,93 +186,6 @@ class ConstrainedDecoding(AutomatonConstraint):
         for start in self.layout.depth_starts[1:]:
             depth = depth + ops.cast(ops.greater_equal(states, start), "int32")
         return depth
-
-    def _eligible_words(self, states, valid, step, request, index_words):
-        """int32 `[R, mask_words]`: the bits of codes below each dense-head
-        state (in range; `valid` says which rows have one) with an
-        eligible, non-excluded member. `index_words`: the states' own rows."""
-        layout = self.layout
-        words = -1  # all bits
-        if request.set_ids is not None:
-            set_ids = request.set_ids
-            restricted = ops.greater_equal(set_ids, 0)
-            set_rows = ops.where(restricted, set_ids, 0)
-            words = self._set_words(states, step, set_rows, index_words)
-            words = ops.where(restricted[:, None], words, -1)
-            words = ops.where(ops.greater_equal(set_ids, -1)[:, None], words, 0)
-        if request.dense_excluded is not None:
-            if step is not None and request.group > 1:
-                cleared = eligibility_step.grouped_blocked_words(
-                    request.dense_excluded[:, step, :],
-                    ops.where(valid, states - layout.dense_mask_offsets[step], -1),
-                    request.group,
-                    layout.vocab_size,
-                    layout.mask_words,
-                )
-            else:
-                cleared = self._blocked_words(states, step, request)
-            words = ops.bitwise_and(words, ops.bitwise_invert(cleared))
-        return words
-
-    def _set_words(self, states, step, set_rows, index_words):
-        """int32 `[R, mask_words]`: each dense-head state's mask row in its
-        row's set: read at a stored depth, derived at the others."""
-        layout, windows = self.layout, self.eligibility_windows
-        rows = derived_dense_masks.stored_rows(layout.vocab_size, windows)
-        masks = self.eligibility_weights["eligibility_dense"]  # [sets, rows, words]
-
-        def stored(at):
-            return gather.take_cells(masks, set_rows, at)
-
-        if step is not None:
-            if not windows[step]:
-                return stored(states)
-            parents = ops.maximum(states - layout.dense_mask_offsets[step], 0)
-            return self._derived_words(step, parents, set_rows, index_words)
-        levels = windows.count(0)
-        if levels == layout.dense_levels:
-            return stored(states)
-        depth = self._depth(states)
-        words = stored(ops.minimum(states, rows - 1))
-        for t in range(levels, layout.dense_levels):
-            here = ops.equal(depth, t)
-            parents = ops.where(here, states - layout.dense_mask_offsets[t], 0)
-            derived = self._derived_words(t, parents, set_rows, index_words)
-            words = ops.where(here[:, None], derived, words)
-        return words
-
-    def _derived_words(self, depth, parents, set_rows, index_words):
-        weights = self.member_range_weights
-        at = dense_eligibility.dense_boundary_offsets(self.layout)[depth] + parents
-        first_word = ops.right_shift(gather.take(weights["dense_boundaries"], at), 5)
-        return derived_dense_masks.derived_words(
-            self.eligibility_weights["eligibility_words"],
-            derived_dense_masks.plane_rows(
-                weights[f"dense_code_fields_{depth}"], derived_dense_masks.CODE_FIELDS, parents
-            ),
-            derived_dense_masks.mask_rows(
-                weights[f"dense_mask_fields_{depth}"], parents, index_words
-            ),
-            first_word,
-            set_rows,
-            index_words,
-        )
-
-    def _blocked_words(self, states, step, request):
-        """`eligibility_step.blocked_words` of each row's own exclusions."""
-        layout = self.layout
-        dense_excluded = eligibility_step.dense_excluded_rows(request)
-        if step is not None:
-            blocked = dense_excluded[:, step, :]
-            parent = states - layout.dense_mask_offsets[step]
-        else:
-            depth = ops.minimum(self._depth(states), layout.dense_levels - 1)
-            flat = ops.reshape(dense_excluded, (-1, ops.shape(dense_excluded)[2]))
-            rows = ops.arange(ops.shape(states)[0], dtype="int32") * layout.dense_levels
-            blocked = gather.take(flat, rows + depth)
-            starts = ops.convert_to_tensor(self._depth_tables["depth_start"], "int32")
-            parent = states - gather.take(starts, depth)
-        return eligibility_step.blocked_words(blocked, parent, layout.vocab_size, layout.mask_words)
 
     def _rows(self, states, step):
         """CSR row of each tail state: `(start, count)`, count 0 elsewhere."""
@@ -453,54 +375,27 @@ class ConstrainedDecoding(AutomatonConstraint):
         )
 
     def _eligibility_mask_shapes(self):
-        layout = self.layout
-        if not layout.dense_levels:
+        if not self.layout.dense_levels:
             return {}
-        rows = derived_dense_masks.stored_rows(layout.vocab_size, self.eligibility_windows)
-        return {"eligibility_dense": (self.num_eligibility_sets, rows, layout.mask_words)}
+        windows = self.eligibility_windows
+        return dense_step_eligibility.mask_shapes(self.layout, windows, self.num_eligibility_sets)
 
     def _eligibility_mask_arrays(self, eligibility_sets):
-        layout = self.layout
-        if not layout.dense_levels:
+        if not self.layout.dense_levels:
             return {}
-        boundaries = ops.convert_to_numpy(self.member_range_weights["dense_boundaries"])
-        current = (
-            ops.convert_to_numpy(self.eligibility_weights["eligibility_words"]),
-            ops.convert_to_numpy(self.eligibility_weights["eligibility_dense"]),
-        )
-        masks = dense_eligibility.dense_eligibility_masks(
-            layout.vocab_size,
-            layout.dense_levels,
-            boundaries,
+        return dense_step_eligibility.mask_arrays(
+            self.layout,
+            self.eligibility_windows,
+            self.eligibility_weights,
+            self.member_range_weights,
             eligibility_sets,
-            current,
-            stored_levels=self.eligibility_windows.count(0),
         )
-        return {"eligibility_dense": masks}
 
     def _dense_exclusions(self, set_ids, members, before):
-        """The codes of each dense depth a request's exclusions empty
-        (`blocked_dense_codes`), found once per decode."""
-        layout = self.layout
-        d = layout.dense_levels
-        if not d:
-            return None
-        table = self.member_range_weights["dense_boundaries"]
-        offsets = dense_eligibility.dense_boundary_offsets(layout)
-        real = ops.less(members, layout.num_members)
-        codes = eligibility_step.dense_codes(
-            self.member_range_weights["dense_member_codes"], members, real
-        )
-        request = eligibility_step.RequestEligibility(set_ids, members, before)
-        return eligibility_step.blocked_dense_codes(
-            self.eligibility_weights["eligibility_words"],
-            self.eligibility_weights["eligibility_directory"],
-            request,
-            codes,
-            table,
-            offsets,
-            layout.vocab_size,
-        )
+        """The codes of each dense depth a request's exclusions empty, found
+        once per decode (`DenseStepEligibility.exclusions`), or None."""
+        part = self.dense_step_eligibility
+        return None if part is None else part.exclusions(set_ids, members, before)
 
     def _same_members(self, step) -> bool:
         # A tree's members all end at depth L: an only child holds all of

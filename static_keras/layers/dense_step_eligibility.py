@@ -1,0 +1,171 @@
+"""A request's eligibility at the dense-head steps of a semantic-ID index.
+
+At a dense step a row reads no ranks: each set carries a mask row per
+dense-head state, stored (`eligibility_dense`, built on the host by
+`index.dense_eligibility`) at the depths where that is cheap, derived at
+decode time at the others (`derived_dense_masks`, from planes the index
+fixes); the codes a request's exclusions empty are found once per decode
+and cleared from the row. `DenseStepEligibility` holds those kernels for
+one layer (the `DenseHead` asks it for each row's eligible words); the
+functions below size and fill the weights they read.
+"""
+
+from __future__ import annotations
+
+from keras import ops
+
+from static_keras.index import dense_eligibility
+from static_keras.layers import derived_dense_masks
+from static_keras.layers import eligibility_step
+from static_keras.layers import gather
+
+
+class DenseStepEligibility:
+    """The dense-step eligibility kernels of one layer.
+
+    Args:
+        layout: the index's `IndexLayout` (`dense_levels > 0`).
+        windows: per dense depth, 0 (stored mask rows) or the words a
+            derived row reads (`eligibility_windows`).
+        eligibility_weights, member_range_weights: the layer's weights.
+        depth: `states -> int32`, the tokens decoded to reach each state.
+    """
+
+    def __init__(self, layout, windows, eligibility_weights, member_range_weights, depth):
+        self.layout = layout
+        self.eligibility_windows = windows
+        self.eligibility_weights = eligibility_weights
+        self.member_range_weights = member_range_weights
+        self.depth = depth
+
+    def eligible_words(self, states, valid, step, request, index_words):
+        """int32 `[R, mask_words]`: the bits of codes below each dense-head
+        state (in range; `valid` says which rows have one) with an
+        eligible, non-excluded member. `index_words`: the states' own rows."""
+        layout = self.layout
+        words = -1  # all bits
+        if request.set_ids is not None:
+            set_ids = request.set_ids
+            restricted = ops.greater_equal(set_ids, 0)
+            set_rows = ops.where(restricted, set_ids, 0)
+            words = self.set_words(states, step, set_rows, index_words)
+            words = ops.where(restricted[:, None], words, -1)
+            words = ops.where(ops.greater_equal(set_ids, -1)[:, None], words, 0)
+        if request.dense_excluded is not None:
+            if step is not None and request.group > 1:
+                cleared = eligibility_step.grouped_blocked_words(
+                    request.dense_excluded[:, step, :],
+                    ops.where(valid, states - layout.dense_mask_offsets[step], -1),
+                    request.group,
+                    layout.vocab_size,
+                    layout.mask_words,
+                )
+            else:
+                cleared = self.blocked_words(states, step, request)
+            words = ops.bitwise_and(words, ops.bitwise_invert(cleared))
+        return words
+
+    def set_words(self, states, step, set_rows, index_words):
+        """int32 `[R, mask_words]`: each dense-head state's mask row in its
+        row's set: read at a stored depth, derived at the others."""
+        layout, windows = self.layout, self.eligibility_windows
+        rows = derived_dense_masks.stored_rows(layout.vocab_size, windows)
+        masks = self.eligibility_weights["eligibility_dense"]  # [sets, rows, words]
+
+        def stored(at):
+            return gather.take_cells(masks, set_rows, at)
+
+        if step is not None:
+            if not windows[step]:
+                return stored(states)
+            parents = ops.maximum(states - layout.dense_mask_offsets[step], 0)
+            return self.derived_words(step, parents, set_rows, index_words)
+        levels = windows.count(0)
+        if levels == layout.dense_levels:
+            return stored(states)
+        depth = self.depth(states)
+        words = stored(ops.minimum(states, rows - 1))
+        for t in range(levels, layout.dense_levels):
+            here = ops.equal(depth, t)
+            parents = ops.where(here, states - layout.dense_mask_offsets[t], 0)
+            derived = self.derived_words(t, parents, set_rows, index_words)
+            words = ops.where(here[:, None], derived, words)
+        return words
+
+    def derived_words(self, depth, parents, set_rows, index_words):
+        weights = self.member_range_weights
+        at = dense_eligibility.dense_boundary_offsets(self.layout)[depth] + parents
+        first_word = ops.right_shift(gather.take(weights["dense_boundaries"], at), 5)
+        return derived_dense_masks.derived_words(
+            self.eligibility_weights["eligibility_words"],
+            derived_dense_masks.plane_rows(
+                weights[f"dense_code_fields_{depth}"], derived_dense_masks.CODE_FIELDS, parents
+            ),
+            derived_dense_masks.mask_rows(
+                weights[f"dense_mask_fields_{depth}"], parents, index_words
+            ),
+            first_word,
+            set_rows,
+            index_words,
+        )
+
+    def blocked_words(self, states, step, request):
+        """`eligibility_step.blocked_words` of each row's own exclusions."""
+        layout = self.layout
+        dense_excluded = eligibility_step.dense_excluded_rows(request)
+        if step is not None:
+            blocked = dense_excluded[:, step, :]
+            parent = states - layout.dense_mask_offsets[step]
+        else:
+            depth = ops.minimum(self.depth(states), layout.dense_levels - 1)
+            flat = ops.reshape(dense_excluded, (-1, ops.shape(dense_excluded)[2]))
+            rows = ops.arange(ops.shape(states)[0], dtype="int32") * layout.dense_levels
+            blocked = gather.take(flat, rows + depth)
+            starts = ops.convert_to_tensor(list(layout.depth_starts), "int32")
+            parent = states - gather.take(starts, depth)
+        return eligibility_step.blocked_words(blocked, parent, layout.vocab_size, layout.mask_words)
+
+    def exclusions(self, set_ids, members, before):
+        """The codes of each dense depth a request's exclusions empty
+        (`blocked_dense_codes`), found once per decode."""
+        layout = self.layout
+        table = self.member_range_weights["dense_boundaries"]
+        offsets = dense_eligibility.dense_boundary_offsets(layout)
+        real = ops.less(members, layout.num_members)
+        codes = eligibility_step.dense_codes(
+            self.member_range_weights["dense_member_codes"], members, real
+        )
+        request = eligibility_step.RequestEligibility(set_ids, members, before)
+        return eligibility_step.blocked_dense_codes(
+            self.eligibility_weights["eligibility_words"],
+            self.eligibility_weights["eligibility_directory"],
+            request,
+            codes,
+            table,
+            offsets,
+            layout.vocab_size,
+        )
+
+
+def mask_shapes(layout, windows, num_sets: int) -> dict:
+    """The shape of the stored dense-step masks (`eligibility_dense`)."""
+    rows = derived_dense_masks.stored_rows(layout.vocab_size, windows)
+    return {"eligibility_dense": (num_sets, rows, layout.mask_words)}
+
+
+def mask_arrays(layout, windows, eligibility_weights, member_range_weights, sets) -> dict:
+    """Their values for `sets` (sets whose words did not change keep their rows)."""
+    boundaries = ops.convert_to_numpy(member_range_weights["dense_boundaries"])
+    current = (
+        ops.convert_to_numpy(eligibility_weights["eligibility_words"]),
+        ops.convert_to_numpy(eligibility_weights["eligibility_dense"]),
+    )
+    masks = dense_eligibility.dense_eligibility_masks(
+        layout.vocab_size,
+        layout.dense_levels,
+        boundaries,
+        sets,
+        current,
+        stored_levels=windows.count(0),
+    )
+    return {"eligibility_dense": masks}
