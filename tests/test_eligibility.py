@@ -137,7 +137,7 @@ def _string_index(members, vocabulary):
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_string_member_ranges_are_exact_with_every_single_byte(seed):
-    from test_strings_fixtures import random_byte_vocabulary
+    from string_oracles import random_byte_vocabulary
 
     rng = np.random.default_rng(seed)
     vocabulary = random_byte_vocabulary(seed, size=40, alphabet=b"abc", max_len=4)
@@ -154,8 +154,8 @@ def test_string_member_ranges_are_exact_with_every_single_byte(seed):
 
 def test_string_member_ranges_with_a_byte_level_bpe():
     pytest.importorskip("tokenizers", reason="the BPE vocabulary is trained with `tokenizers`")
-    from test_strings_fixtures import MEMBERS
-    from test_strings_fixtures import byte_level_vocabulary
+    from string_oracles import MEMBERS
+    from string_oracles import byte_level_vocabulary
 
     index = _string_index(MEMBERS, byte_level_vocabulary())
     check_ranges(index, reachable_members_by_search(index))
@@ -325,7 +325,7 @@ def test_candidates_of_a_beam_step_are_enterable_exactly_when_a_member_is():
 
 
 def test_string_sets_use_string_positions_as_item_ids():
-    from test_strings_fixtures import random_byte_vocabulary
+    from string_oracles import random_byte_vocabulary
 
     vocabulary = random_byte_vocabulary(0, size=40, alphabet=b"abc")
     strings = ["cab", "ab", "abc", "b", "ab"]  # the duplicate keeps item id 1

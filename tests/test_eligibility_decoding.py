@@ -495,9 +495,9 @@ def tiny():
 
 
 def test_string_beam_search_ranks_exactly_the_eligible_members(tiny):
-    from test_strings_fixtures import ranked_tokenizations
-    from test_strings_fixtures import string_step_fn
-    from test_strings_fixtures import string_table
+    from string_oracles import ranked_tokenizations
+    from string_oracles import string_step_fn
+    from string_oracles import string_table
 
     vocab, members, index = tiny
     sets = EligibilitySets.build(index, {"odd": [1, 3], "none": [], "most": [0, 1, 2, 4]})

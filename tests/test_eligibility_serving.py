@@ -20,9 +20,9 @@ import time
 
 import numpy as np
 import pytest
-from test_strings_fixtures import Oracle
-from test_strings_fixtures import explore
-from test_strings_fixtures import random_byte_vocabulary
+from string_oracles import Oracle
+from string_oracles import explore
+from string_oracles import random_byte_vocabulary
 
 from static_keras.constants import MASKED_LOGIT
 from static_keras.index import StaticIndex

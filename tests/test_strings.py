@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 pytest.importorskip("tokenizers", reason="vocabularies are trained with `tokenizers` in the tests")
-from test_strings_fixtures import EOS_TEXT
-from test_strings_fixtures import MEMBERS
-from test_strings_fixtures import Oracle
-from test_strings_fixtures import byte_level_tokenizer_json
-from test_strings_fixtures import byte_level_vocabulary
-from test_strings_fixtures import explore
-from test_strings_fixtures import random_byte_vocabulary
-from test_strings_fixtures import reachable_by_step
-from test_strings_fixtures import tokenizer_from_json
+from string_oracles import EOS_TEXT
+from string_oracles import MEMBERS
+from string_oracles import Oracle
+from string_oracles import byte_level_tokenizer_json
+from string_oracles import byte_level_vocabulary
+from string_oracles import explore
+from string_oracles import random_byte_vocabulary
+from string_oracles import reachable_by_step
+from string_oracles import tokenizer_from_json
 
 from static_keras.strings import StringIndex
 from static_keras.strings import TokenVocabulary
@@ -233,7 +233,7 @@ def test_tokenizer_json_byte_level_decodes_like_the_tokenizer(tmp_path):
 
 
 def test_tokenizer_json_sentencepiece_byte_fallback(tmp_path):
-    from test_strings_fixtures import sentencepiece_tokenizer_json
+    from string_oracles import sentencepiece_tokenizer_json
 
     text = sentencepiece_tokenizer_json()
     path = tmp_path / "tokenizer.json"

@@ -9,7 +9,7 @@ import csv
 import pytest
 
 pytest.importorskip("tokenizers", reason="the vocabulary is a trained tokenizer.json")
-from test_strings_fixtures import byte_level_tokenizer_json
+from string_oracles import byte_level_tokenizer_json
 
 from benchmarks.strings import protocol
 from benchmarks.strings import run as strings_run

@@ -9,13 +9,13 @@ import pytest
 pytest.importorskip("tokenizers", reason="vocabularies are trained with `tokenizers` in the tests")
 from backend_subprocess import run_under
 from keras import ops
-from test_strings_fixtures import MEMBERS
-from test_strings_fixtures import byte_level_vocabulary
-from test_strings_fixtures import prefix_code
-from test_strings_fixtures import ranked_tokenizations
-from test_strings_fixtures import reachable_by_step
-from test_strings_fixtures import string_step_fn
-from test_strings_fixtures import string_table
+from string_oracles import MEMBERS
+from string_oracles import byte_level_vocabulary
+from string_oracles import prefix_code
+from string_oracles import ranked_tokenizations
+from string_oracles import reachable_by_step
+from string_oracles import string_step_fn
+from string_oracles import string_table
 
 from static_keras import MASKED_LOGIT
 from static_keras import CachedTransformerDecoder
@@ -389,7 +389,7 @@ _JAX_SCRIPT = textwrap.dedent(
     sys.path.insert(0, sys.argv[1])
     import jax, numpy as np
     from keras import ops
-    from test_strings_fixtures import MEMBERS, byte_level_vocabulary
+    from string_oracles import MEMBERS, byte_level_vocabulary
     from static_keras import beam_search
     from static_keras import constraint_for
     from static_keras.strings import StringIndex

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("tokenizers", reason="vocabularies are trained with `tokenizers` in the tests")
-from test_strings_fixtures import byte_level_vocabulary
+from string_oracles import byte_level_vocabulary
 
 from static_keras import CachedTransformerDecoder
 from static_keras import ConstrainedBeamSearch
