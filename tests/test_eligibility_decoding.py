@@ -117,7 +117,7 @@ def test_member_starts_bound_abutting_ranges_and_dead_rows_keep_nothing(dense_le
     """`tree_member_starts` at every state of each tail depth and one past
     its end, and the sparse step's K + 1 bounds (`keep_mask_between`) against
     the two-ended `keep_mask` for rows with an edge each and a dead row."""
-    from static_keras.layers import eligibility_step
+    from static_keras.layers import member_ranges
 
     index = semantic_index(dense_levels)
     sets = random_sets(index, 0)
@@ -126,9 +126,7 @@ def test_member_starts_bound_abutting_ranges_and_dead_rows_keep_nothing(dense_le
     for depth in range(dense_levels, LENGTH + 1):
         start = layout.depth_starts[depth]
         states = np.arange(start, start + layout.level_sizes[depth] + 1)
-        got = eligibility_step.tree_member_starts(
-            layout, layer.index_weights["indptr"], states, depth
-        )
+        got = member_ranges.tree_member_starts(layout, layer.index_weights["indptr"], states, depth)
         want = np.r_[index.member_ranges(states[:-1])[0], layout.num_members]
         np.testing.assert_array_equal(ops.convert_to_numpy(got), want)
     catalogue = MemberCatalogue.from_index(index)
@@ -139,9 +137,9 @@ def test_member_starts_bound_abutting_ranges_and_dead_rows_keep_nothing(dense_le
         states = index.walk(np.unique(sequences[:, :step], axis=0)).astype(np.int32)
         rows = np.resize(states, set_ids.size)
         rows[-1] = -1  # a dead beam
-        edges, ok = layer._sparse_slots(rows, step)
+        edges, ok = layer.sparse_step.slots(rows, step)
         between = np.asarray(layer._sparse_keep(request, edges, step))
-        lo, hi = layer.member_ranges(layer._edge_targets(edges), step + 1)
+        lo, hi = layer.member_ranges(layer.transitions.edge_targets(edges), step + 1)
         both = np.asarray(layer.eligibility_filter.keep(request, lo, hi))
         ok = np.asarray(ok)
         np.testing.assert_array_equal(between[ok], both[ok])
@@ -152,7 +150,7 @@ def test_member_starts_bound_abutting_ranges_and_dead_rows_keep_nothing(dense_le
 def test_dense_codes_of_members_are_their_first_tokens(vocab, dense_levels):
     """Each excluded member's dense code (one gather of `dense_member_codes`),
     with a vocabulary that is not a power of two and codes with no member."""
-    from static_keras.layers import eligibility_step
+    from static_keras.layers import dense_exclusions
 
     rng = np.random.default_rng(vocab + dense_levels)
     rows = np.unique(rng.integers(0, vocab, (40, 4)), axis=0)
@@ -161,18 +159,18 @@ def test_dense_codes_of_members_are_their_first_tokens(vocab, dense_levels):
     member_codes = layer.member_range_weights["dense_member_codes"]
     members = np.concatenate([np.arange(len(rows)), [len(rows), 2**31 - 1]]).astype("int32")
     real = members < len(rows)
-    got = eligibility_step.dense_codes(member_codes, members[None, :], real[None, :])
+    got = dense_exclusions.dense_codes(member_codes, members[None, :], real[None, :])
     want = rows[:, :dense_levels] @ (vocab ** np.arange(dense_levels)[::-1])  # rows are sorted
     np.testing.assert_array_equal(ops.convert_to_numpy(got)[0], np.r_[want, -1, -1])
 
 
 def test_floor_division_by_a_power_of_two_is_a_shift_and_equals_numpy():
-    from static_keras.layers import eligibility_step
+    from static_keras.layers import dense_exclusions
 
     x = np.array([-(2**31), -4097, -2049, -2048, -1, 0, 1, 2047, 2048, 2**31 - 1], np.int32)
     for divisor in (1, 2, 5, 2048, 2**30):
         got = ops.convert_to_numpy(
-            eligibility_step._floor_divide(ops.convert_to_tensor(x), divisor)
+            dense_exclusions._floor_divide(ops.convert_to_tensor(x), divisor)
         )
         np.testing.assert_array_equal(got, x // divisor)
 
@@ -181,7 +179,7 @@ def test_floor_division_by_a_power_of_two_is_a_shift_and_equals_numpy():
 def test_grouped_blocked_words_equal_each_rows_own(vocab):
     """A beam search's exclusions stay one row per batch row; the dense step
     clears the same bits as with every beam's own copy (dead beams: -1)."""
-    from static_keras.layers import eligibility_step
+    from static_keras.layers import dense_exclusions
 
     rng = np.random.default_rng(vocab)
     groups, group, mask_words = 3, 4, -(-vocab // 32)
@@ -193,9 +191,9 @@ def test_grouped_blocked_words_equal_each_rows_own(vocab):
     blocked = np.where(np.diff(codes, axis=1, prepend=-1) > 0, codes, -1).astype("int32")
     blocked[0, -2:] = -1
     parent = parent.reshape(-1).astype("int32")
-    own = eligibility_step.blocked_words(np.repeat(blocked, group, axis=0), parent, vocab,
+    own = dense_exclusions.blocked_words(np.repeat(blocked, group, axis=0), parent, vocab,
                                          mask_words)  # fmt: skip
-    grouped = eligibility_step.grouped_blocked_words(blocked, parent, group, vocab, mask_words)
+    grouped = dense_exclusions.grouped_blocked_words(blocked, parent, group, vocab, mask_words)
     np.testing.assert_array_equal(ops.convert_to_numpy(grouped), ops.convert_to_numpy(own))
     assert ops.convert_to_numpy(own).any()
 

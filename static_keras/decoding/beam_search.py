@@ -13,7 +13,7 @@ from keras import ops
 from static_keras.decoding import beam_steps
 from static_keras.decoding.unconstrained import Unconstrained
 from static_keras.index.automaton import TokenAutomaton
-from static_keras.layers import eligibility_step
+from static_keras.layers import eligibility_request
 from static_keras.layers import execution_plan
 from static_keras.layers import gather
 from static_keras.layers.automaton_constraint import AutomatonConstraint
@@ -152,7 +152,7 @@ def beam_search(
             )
         # Set out once per decode; every later state was entered under it.
         per_batch_row = constraint.check_eligibility(eligibility, rows=batch_size)
-        per_beam_row = eligibility_step.repeat_rows(per_batch_row, beam_size, entered=True)
+        per_beam_row = eligibility_request.repeat_rows(per_batch_row, beam_size, entered=True)
     search = beam_steps.Search(
         constraint,
         batch_size,

@@ -4,16 +4,18 @@ The Keras side of the `TokenAutomaton` contract. The base owns everything
 the two kinds share: index tensors as non-trainable weights created in
 `build()` from the layout integers of the config, `set_index`,
 `get_config`, the candidates and mask modes, `advance`, `is_finished`,
-`item_ids` and the export metadata. A kind supplies its kernels:
+`item_ids` and the export metadata. A kind supplies its parts
+(`ConstraintParts`, from `_make_parts`, called once after the layout is
+known and before any weight exists; the parts read the weight groups,
+which `build()` fills):
 
-- `_rows(states, step)`: the CSR row (start, count) of each state;
-- `_edge_targets(edges)`: the state an edge leads to (implicit in a tree,
-  a gather of `next_states` in a general automaton);
+- its transitions (where a state's CSR row is and where an edge leads),
+  which the shared sparse kernels (`layers/sparse_step.py`) read;
+- optionally a bit-packed dense head (`layers/dense_head.py`, semantic IDs),
+  which answers the steps it covers and derives weights from the index,
+  and the eligibility of those steps (`layers/dense_step_eligibility.py`),
+  which derives weights from the sets;
 - for eligibility sets, its member ranges (`_member_range_*`).
-
-A kind with a bit-packed dense head (semantic IDs) also holds a
-`DenseHead` (`layers/dense_head.py`) in `dense_head`; the steps it covers
-ask it for their rows.
 
 Steps. A Python int `step` is the fast path: every step has its own static
 width `B_t` (what the unrolled beam search uses). A scalar int tensor or
@@ -25,8 +27,8 @@ results are the same.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-import math
 
 import keras
 import numpy as np
@@ -40,12 +42,15 @@ from static_keras.index.automaton import TokenAutomaton
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.member_catalogue import MemberCatalogue
 from static_keras.index.member_catalogue import catalogue_fingerprint
-from static_keras.layers import candidate_slots
-from static_keras.layers import eligibility_step
+from static_keras.layers import eligibility_request
 from static_keras.layers import gather
 from static_keras.layers.decoding_constraint import DecodingConstraint
 from static_keras.layers.decoding_constraint import StepProposal
 from static_keras.layers.eligibility_filter import EligibilityFilter
+from static_keras.layers.sparse_step import SparseStep
+from static_keras.layers.step_argument import static_step
+
+__all__ = ["AutomatonConstraint", "ConstraintParts", "constraint_for"]
 
 #: automaton kind -> "module:Class" of its constraint layer.
 LAYER_CLASSES = {
@@ -73,6 +78,22 @@ def constraint_for(index, name: str | None = None) -> "AutomatonConstraint":
         )
     module, cls = LAYER_CLASSES[index.kind].split(":")
     return getattr(importlib.import_module(module), cls)(index, name=name)
+
+
+@dataclasses.dataclass
+class ConstraintParts:
+    """What a kind supplies to `AutomatonConstraint` (see the module doc).
+
+    transitions: `rows`, `edge_targets`, `width`, `same_members`
+        (`layers/sparse_step.py`).
+    dense_head: a `DenseHead`, or None: no dense head.
+    dense_eligibility: a `DenseStepEligibility`, or None: the dense head's
+        steps need no eligibility weights of their own.
+    """
+
+    transitions: object
+    dense_head: object = None
+    dense_eligibility: object = None
 
 
 class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
@@ -114,7 +135,6 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
     ):
         super().__init__(**kwargs)
         name = type(self).__name__
-        self.dense_head = None  # a kind with a dense head sets its `DenseHead`
         self.eligibility_filter = EligibilityFilter(
             eligibility, eligibility_sets, eligibility_names
         )
@@ -149,13 +169,22 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
                 f"at most {np.iinfo(np.int32).max}"
             )
         self.layout = layout
+        # The weight groups, filled by `build()` in this order (files keep
+        # it): the archive arrays, what the dense head derives from them,
+        # the sets and what is derived from them, the member ranges.
+        self.index_weights, self.derived_index_weights = {}, {}
+        self.eligibility_weights, self.member_range_weights = {}, {}
+        parts = self._make_parts()
+        self.transitions = parts.transitions
+        self.dense_head = parts.dense_head
+        self.dense_eligibility = parts.dense_eligibility
+        self.sparse_step = SparseStep(self.transitions, self.index_weights)
         self._pending_index = index
         self.build()
 
     def build(self, input_shape=None):
         if self.built:
             return
-        self.index_weights = {}
         for name, (shape, dtype) in self.layout.array_shapes().items():
             self.index_weights[name] = self.add_weight(
                 name=name,
@@ -164,8 +193,8 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
                 initializer="zeros",
                 trainable=False,
             )
-        self.derived_index_weights = {}
-        for name, (shape, dtype) in self._derived_index_shapes().items():
+        derived = {} if self.dense_head is None else self.dense_head.weight_shapes()
+        for name, (shape, dtype) in derived.items():
             self.derived_index_weights[name] = self.add_weight(
                 name=name, shape=shape, dtype=_device_dtype(dtype), initializer="zeros",
                 trainable=False,
@@ -199,8 +228,9 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
                     "on JAX enable 64-bit with jax_enable_x64"
                 )
             weight.assign(values)
-        for name, array in self._derived_index_arrays(index.arrays).items():
-            self.derived_index_weights[name].assign(array)
+        if self.dense_head is not None:
+            for name, array in self.dense_head.weight_arrays(index.arrays).items():
+                self.derived_index_weights[name].assign(array)
         for name, array in self._member_range_arrays(index).items():
             self.member_range_weights[name].assign(array)
 
@@ -218,10 +248,11 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
     def _build_eligibility(self) -> None:
         # Set weights, those a kind derives from the sets, then its member
         # ranges: the order files hold them in.
-        self.eligibility_weights = self.eligibility_filter.add_weights(
-            self.add_weight, self.layout.num_members, self._eligibility_mask_shapes()
+        part = self.dense_eligibility
+        derived = {} if part is None else part.mask_shapes(self.num_eligibility_sets)
+        self.eligibility_weights.update(
+            self.eligibility_filter.add_weights(self.add_weight, self.layout.num_members, derived)
         )
-        self.member_range_weights = {}
         if not self.num_eligibility_sets:
             return
         for name, shape in self._member_range_shapes().items():
@@ -247,8 +278,10 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         fingerprint = (
             self.catalogue_fingerprint() if isinstance(eligibility_sets, EligibilitySets) else ""
         )
+        part = self.dense_eligibility
+        derived = (lambda sets: {}) if part is None else part.mask_arrays
         self.eligibility_filter.assign(
-            eligibility_sets, self.layout.num_members, fingerprint, self._eligibility_mask_arrays
+            eligibility_sets, self.layout.num_members, fingerprint, derived
         )
 
     def eligibility_refresh_spec(self) -> dict:
@@ -264,8 +297,11 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         if not self.num_eligibility_sets:
             raise ValueError("This layer holds no eligibility sets")
         names = ("eligibility_words", "eligibility_directory")
-        return {"rewrites": {n: self.eligibility_weights[n] for n in names}, "reads": {},
+        spec = {"rewrites": {n: self.eligibility_weights[n] for n in names}, "reads": {},
                 "derive": None}  # fmt: skip
+        if self.dense_eligibility is not None:
+            self.dense_eligibility.extend_refresh_spec(spec)
+        return spec
 
     def member_item_ids(self) -> np.ndarray:
         """int64 `[num_members]`: the catalogue item id of each member (the
@@ -298,19 +334,25 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
             raise ValueError("Member ranges live with the eligibility sets: eligibility_sets=0")
         return self._member_ranges(ops.cast(states, "int32"), depth)
 
-    def check_eligibility(self, eligibility, rows=None) -> eligibility_step.RequestEligibility:
+    def check_eligibility(self, eligibility, rows=None) -> eligibility_request.RequestEligibility:
         """`(set_ids, excluded)` checked against this layer's sets and `rows`
         (the rows they must have, where known; a ValueError or TypeError
         names the problem) and set out for the steps of a decode
-        (`eligibility_step.RequestEligibility`, returned as is if given)."""
+        (`eligibility_request.RequestEligibility`, returned as is if given)."""
         return self.eligibility_filter.check(
             eligibility, self.layout.num_members, self._dense_exclusions, rows
         )
 
+    def _dense_exclusions(self, set_ids, members, before):
+        # What the dense steps read of a request's exclusions, once per decode.
+        part = self.dense_eligibility
+        return None if part is None else part.exclusions(set_ids, members, before)
+
     def _sparse_keep(self, eligibility, edges, step):
         """bool `[R, B]`: whether each edge slot's target keeps an eligible,
-        non-excluded member (`_sparse_slots` edges; padding slots: any)."""
-        lo, hi = self._member_ranges(self._edge_targets(edges), None if step is None else step + 1)
+        non-excluded member (`SparseStep.slots` edges; padding slots: any)."""
+        targets = self.transitions.edge_targets(edges)
+        lo, hi = self._member_ranges(targets, None if step is None else step + 1)
         return self.eligibility_filter.keep(eligibility, lo, hi)
 
     def index_arrays(self) -> dict[str, np.ndarray]:
@@ -387,7 +429,9 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         if t is not None and self._is_dense(t):
             found = self.dense_head.candidates(logits, states, t, k, k, eligibility)
         else:
-            found = self._sparse_candidates(logits, states, t, k, eligibility)
+            caps = t is None or self._caps_step(t)
+            keep = self._sparse_keep_fn(eligibility, t)
+            found = self.sparse_step.candidates(logits, states, t, k, caps, keep)
             if t is None and self.layout.dense_levels:
                 # Dense rows keep at most `top_k` of the (wider) k slots.
                 cap = k if top_k is None else max(1, min(int(top_k), k))
@@ -472,25 +516,8 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
             eligibility = self.check_eligibility(eligibility, ops.shape(states)[0])
         if t is not None and self._is_dense(t):
             return self.dense_head.allowed(states, t, eligibility)
-        edges, ok = self._sparse_slots(states, t)
-        tokens = ops.cast(gather.take(self.index_weights["tokens"], edges), "int32")
-        if eligibility is not None and not (eligibility.entered and self._same_members(t)):
-            ok = ops.logical_and(ok, self._sparse_keep(eligibility, edges, t))
-        # Scatter the valid slots into [R, V + 1]; padding slots land in the
-        # spare last column, which is dropped.
-        vocab = self.layout.vocab_size
-        columns = ops.where(ok, tokens, vocab)
-        rows = ops.broadcast_to(
-            ops.expand_dims(ops.arange(ops.shape(columns)[0], dtype="int32"), 1),
-            ops.shape(columns),
-        )
-        indices = ops.reshape(ops.stack([rows, columns], axis=-1), (-1, 2))
-        counts = ops.scatter(
-            indices,
-            ops.ones((ops.shape(indices)[0],), dtype="int32"),
-            (ops.shape(columns)[0], vocab + 1),
-        )
-        allowed = ops.greater(counts[:, :vocab], 0)
+        keep = self._sparse_keep_fn(eligibility, t)
+        allowed = self.sparse_step.allowed(states, t, self.layout.vocab_size, keep)
         if t is None and self.layout.dense_levels:
             here = ops.expand_dims(self.dense_head.in_head(states), 1)
             allowed = ops.where(here, self.dense_head.allowed(states, None, eligibility), allowed)
@@ -506,28 +533,14 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         """int32 `[R]`: the state after appending `tokens [R]`.
 
         A token that is not allowed gives `INVALID_STATE`. The sparse part is
-        a branch-free binary search in each row's sorted tokens.
+        a branch-free binary search in each row's sorted tokens (`SparseStep`).
         """
         t = self._static_step(step)
         states = ops.cast(states, "int32")
         tokens = ops.cast(tokens, "int32")
         if t is not None and self._is_dense(t):
             return self.dense_head.advance(states, tokens, t)
-        start, count = self._rows(states, t)
-        table = self.index_weights["tokens"]
-        low, high = start, start + count
-        width = self._sparse_width(t)
-        for _ in range(max(1, math.ceil(math.log2(width + 1)))):
-            active = ops.less(low, high)
-            middle = (low + high) // 2
-            value = ops.cast(gather.take(table, ops.where(active, middle, 0)), "int32")
-            right = ops.logical_and(active, ops.less(value, tokens))
-            low = ops.where(right, middle + 1, low)
-            high = ops.where(ops.logical_and(active, ops.logical_not(right)), middle, high)
-        at = ops.clip(low, 0, table.shape[0] - 1)
-        hit = ops.equal(ops.cast(gather.take(table, at), "int32"), tokens)
-        found = ops.logical_and(ops.less(low, start + count), hit)
-        next_states = ops.where(found, self._edge_targets(at), INVALID_STATE)
+        next_states = self.sparse_step.advance(states, tokens, t)
         if t is None and self.layout.dense_levels:
             here = self.dense_head.in_head(states)
             dense = self.dense_head.advance(states, tokens, None)
@@ -552,15 +565,11 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         ids = gather.take(self.index_weights[self.layout.member_ids_array], member)
         return ops.where(finished, ids, ops.cast(-1, ids.dtype))
 
-    # The kernels a kind supplies --------------------------------------------
+    # What a kind supplies ----------------------------------------------------
 
-    def _rows(self, states, step):
-        """`(start, count)` int32 `[R]`: each state's CSR row (count 0 for states
-        outside the sparse part). `step`: an int, or None for any step."""
-        raise NotImplementedError
-
-    def _edge_targets(self, edges):
-        """int32, same shape as `edges`: the state each edge leads to."""
+    def _make_parts(self) -> ConstraintParts:
+        """The kind's parts, made once from `self.layout` before any weight
+        exists (they read the weight groups, which `build()` fills)."""
         raise NotImplementedError
 
     def _is_dense(self, step: int) -> bool:
@@ -569,14 +578,6 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
     def _caps_step(self, step: int) -> bool:
         """Whether `top_k` caps the candidates of int `step`."""
         return self._is_dense(step) or self.caps_sparse_steps
-
-    def _derived_index_shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        """Weights a kind derives from the index arrays (not in the archive)."""
-        return {}
-
-    def _derived_index_arrays(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Their values, from an index's arrays."""
-        return {}
 
     def _member_range_shapes(self) -> dict[str, tuple[int, ...]]:
         """int32 weights `member_ranges` reads, by name (with eligibility sets)."""
@@ -590,82 +591,18 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         """`(lo, hi)` int32 of int32 `states`; `depth` an int or None (mixed)."""
         raise NotImplementedError
 
-    def _eligibility_mask_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Kind-specific int32 weights derived from the sets (dense steps)."""
-        return {}
-
-    def _eligibility_mask_arrays(self, eligibility_sets) -> dict[str, np.ndarray]:
-        """Values of those weights for `eligibility_sets`."""
-        return {}
-
-    def _dense_exclusions(self, set_ids, members, before):
-        """What `_dense_allowed` reads of a request's exclusions, set out once
-        per decode (`eligibility_step.prepare`), or None."""
-        return None
-
-    def _same_members(self, step) -> bool:
-        """Whether at int `step` every state's children each have all of its
-        members below them (one child each), so candidates of entered states
-        are enterable without a check. False for a tensor step or None."""
-        return False
-
-    # Shared kernels ----------------------------------------------------------
-
-    def _sparse_width(self, step) -> int:
-        if step is not None:
-            return self.layout.step_widths[step]
-        sparse = self.layout.step_widths[self.layout.dense_levels :]
-        return max(sparse) if sparse else 1
-
-    def _sparse_slots(self, states, step):
-        """VNTK: the `B_t` edge slots from each row's CSR start, `[R, B_t]`:
-        clamped (always in range) edge numbers and whether each is real."""
-        start, count = self._rows(states, step)
-        return candidate_slots.row_slots(start, count, self._sparse_width(step))
-
-    def _sparse_candidates(self, logits, states, step, k: int, eligibility=None):
-        start, count = self._rows(states, step)
-        edges, ok = candidate_slots.row_slots(start, count, self._sparse_width(step))
-        tokens = ops.cast(gather.take_runs(self.index_weights["tokens"], edges, start), "int32")
-        scores = ops.where(ok, gather.take_along_rows(logits, tokens), -np.inf)
-        next_states = self._edge_targets(edges)
-        if eligibility is not None and not (eligibility.entered and self._same_members(step)):
-            ok = ops.logical_and(ok, self._sparse_keep(eligibility, edges, step))
-            scores = ops.where(ok, scores, -np.inf)
-        width = ops.shape(edges)[1]
-        if k < width and (step is None or self._caps_step(step)):
-            best = candidate_slots.best_slots(scores, tokens, next_states, k)
-            scores, tokens, next_states, ok = best
-        elif k > width:  # any-step candidates: as wide as the widest dense step
-            pad = [[0, 0], [0, k - width]]
-            scores = ops.pad(scores, pad, constant_values=-np.inf)
-            tokens = ops.pad(tokens, pad, constant_values=PAD_TOKEN)
-            next_states = ops.pad(next_states, pad, constant_values=INVALID_STATE)
-            ok = ops.pad(ok, pad, constant_values=False)
-        return scores, tokens, next_states, ok
+    def _sparse_keep_fn(self, eligibility, step):
+        """`edges -> bool [R, B]` for `SparseStep`: the slots whose target keeps
+        an eligible member; None when every slot does (no request, or
+        entered rows whose children hold all their members)."""
+        if eligibility is None:
+            return None
+        if eligibility.entered and self.transitions.same_members(step):
+            return None
+        return lambda edges: self._sparse_keep(eligibility, edges, step)
 
     def _static_step(self, step) -> int | None:
-        """A Python int step (range-checked), or None for a tensor step or None."""
-        if step is None:
-            return None
-        if isinstance(step, bool):
-            raise ValueError(
-                f"`step` must be an int, a scalar int tensor or None. Received: {step}"
-            )
-        if isinstance(step, (int, np.integer)):
-            if not 0 <= step < self.layout.length:
-                raise ValueError(
-                    f"`step` must lie in [0, {self.layout.length}). Received: step={step}"
-                )
-            return int(step)
-        shape = tuple(ops.shape(step))
-        dtype = keras.backend.standardize_dtype(getattr(step, "dtype", "float32"))
-        if shape != () or "int" not in dtype:
-            raise ValueError(
-                "`step` must be an int, a scalar int tensor or None. "
-                f"Received: shape {shape}, dtype {dtype}"
-            )
-        return None
+        return static_step(step, self.layout.length)
 
 
 def _device_dtype(dtype: np.dtype) -> str:

@@ -11,15 +11,15 @@ from static_keras.constants import PAD_TOKEN
 from static_keras.index import dense_eligibility
 from static_keras.index.layout import IndexLayout
 from static_keras.index.static_index import StaticIndex
-from static_keras.layers import dense_edge_rows
-from static_keras.layers import dense_step_eligibility
 from static_keras.layers import derived_dense_masks
-from static_keras.layers import eligibility_step
-from static_keras.layers import gather
+from static_keras.layers import eligibility_kernels
+from static_keras.layers import member_ranges
 from static_keras.layers import weight_upgrades
 from static_keras.layers.automaton_constraint import AutomatonConstraint
+from static_keras.layers.automaton_constraint import ConstraintParts
 from static_keras.layers.dense_head import DenseHead
 from static_keras.layers.dense_step_eligibility import DenseStepEligibility
+from static_keras.layers.tree_transitions import TreeTransitions
 
 __all__ = ["INVALID_STATE", "MASKED_LOGIT", "PAD_TOKEN", "ConstrainedDecoding"]
 
@@ -145,27 +145,23 @@ class ConstrainedDecoding(AutomatonConstraint):
             "has_item_ids": has_item_ids,
         }
         super().__init__(index, layout_fields=layout_fields, **kwargs)
+
+    def _make_parts(self) -> ConstraintParts:
         layout = self.layout
-        self.dense_step_eligibility = None
-        if layout.dense_levels and self.num_eligibility_sets:
-            self.dense_step_eligibility = DenseStepEligibility(
+        transitions = TreeTransitions(layout, self.index_weights)
+        if not layout.dense_levels:
+            return ConstraintParts(transitions)
+        eligibility = None
+        if self.num_eligibility_sets:
+            eligibility = DenseStepEligibility(
                 layout, self.eligibility_windows, self.eligibility_weights,
-                self.member_range_weights, self._depth,
+                self.member_range_weights, transitions.depth,
             )  # fmt: skip
-        if layout.dense_levels:
-            part = self.dense_step_eligibility
-            self.dense_head = DenseHead(
-                layout, self.index_weights, self.derived_index_weights,
-                None if part is None else part.eligible_words, self._depth,
-            )  # fmt: skip
-        # Per-depth constants of the any-step kernels (tensor step or None).
-        depths = range(layout.length + 1)
-        self._depth_tables = {
-            "depth_start": list(layout.depth_starts),
-            "has_indptr": [t in layout.indptr_offsets for t in depths],
-            "indptr_offset": [layout.indptr_offsets.get(t, 0) for t in depths],
-            "edge_offset": [layout.edge_offsets.get(t, 0) for t in depths],
-        }
+        head = DenseHead(
+            layout, self.index_weights, self.derived_index_weights,
+            None if eligibility is None else eligibility.eligible_words, transitions.depth,
+        )  # fmt: skip
+        return ConstraintParts(transitions, head, eligibility)
 
     @property
     def dense_levels(self) -> int:
@@ -176,77 +172,6 @@ class ConstrainedDecoding(AutomatonConstraint):
         if self.num_eligibility_sets and self.layout.dense_levels:
             config["eligibility_windows"] = list(self.eligibility_windows)
         return config
-
-    # Kernels -----------------------------------------------------------------
-
-    def _depth(self, states):
-        """Tokens decoded to reach each (non-negative) state: one comparison per
-        depth against `layout.depth_starts`, as `StaticIndex.depth` does."""
-        depth = ops.zeros_like(states)
-        for start in self.layout.depth_starts[1:]:
-            depth = depth + ops.cast(ops.greater_equal(states, start), "int32")
-        return depth
-
-    def _rows(self, states, step):
-        """CSR row of each tail state: `(start, count)`, count 0 elsewhere."""
-        layout = self.layout
-        if step is not None:
-            valid = ops.greater(states, INVALID_STATE)
-            first = layout.dense_head_states + layout.tail_state_offsets[step]
-            local = ops.where(valid, states - first, 0)
-            if step in layout.indptr_offsets:
-                rows = layout.indptr_offsets[step] + local
-                indptr = self.index_weights["indptr"]
-                start = ops.cast(gather.take(indptr, rows), "int32")
-                count = ops.cast(gather.take(indptr, rows + 1), "int32") - start
-            else:  # every state at this depth has exactly one child
-                start = layout.edge_offsets[step] + local
-                count = ops.ones_like(start)
-            return start, ops.where(valid, count, 0)
-        # Any step: each row's depth from its state, then per-depth constants.
-        inner = ops.logical_and(
-            ops.greater_equal(states, layout.dense_head_states),
-            ops.less(states, layout.first_leaf_state),
-        )
-        states = ops.where(inner, states, layout.dense_head_states)
-        depth = self._depth(states)
-        table = {k: ops.convert_to_tensor(v, "int32") for k, v in self._depth_tables.items()}
-        local = states - gather.take(table["depth_start"], depth)
-        start = gather.take(table["edge_offset"], depth) + local
-        count = ops.ones_like(start)
-        if layout.indptr_offsets:
-            indptr = self.index_weights["indptr"]
-            last = indptr.shape[0] - 2
-            rows = ops.clip(gather.take(table["indptr_offset"], depth) + local, 0, last)
-            row_start = ops.cast(gather.take(indptr, rows), "int32")
-            row_count = ops.cast(gather.take(indptr, rows + 1), "int32") - row_start
-            branching = ops.cast(gather.take(table["has_indptr"], depth), "bool")
-            start = ops.where(branching, row_start, start)
-            count = ops.where(branching, row_count, count)
-        return ops.where(inner, start, 0), ops.where(inner, count, 0)
-
-    def _derived_index_shapes(self):
-        return dense_edge_rows.shapes(self.layout)
-
-    def _derived_index_arrays(self, arrays):
-        if not self.derived_index_weights:
-            return {}
-        return dense_edge_rows.arrays(self.layout, arrays["dense_states"])
-
-    def eligibility_refresh_spec(self) -> dict:
-        """Also the dense-step masks (`eligibility_dense`), derived from the
-        sets and the index's `dense_boundaries`, for the depths that store
-        them (`eligibility_windows`; the others derive at decode time)."""
-        spec = super().eligibility_refresh_spec()
-        if "eligibility_dense" in self.eligibility_weights:
-            spec["rewrites"]["eligibility_dense"] = self.eligibility_weights["eligibility_dense"]
-            spec["reads"]["dense_boundaries"] = self.member_range_weights["dense_boundaries"]
-            spec["derive"] = {
-                "vocab_size": self.layout.vocab_size,
-                "dense_levels": self.layout.dense_levels,
-                "stored_levels": self.eligibility_windows.count(0),
-            }
-        return spec
 
     def _member_range_shapes(self):
         layout = self.layout
@@ -344,7 +269,7 @@ class ConstrainedDecoding(AutomatonConstraint):
     def _sparse_keep(self, eligibility, edges, step):
         if step is None:
             return super()._sparse_keep(eligibility, edges, step)
-        # A row's edges are consecutive (`_sparse_slots`), and so are their
+        # A row's edges are consecutive (`SparseStep.slots`), and so are their
         # targets: K + 1 member starts bound the K ranges. Slots past a
         # row's count continue from its first edge (one past the depth's
         # end at most), so the last real slot's end is its next sibling's
@@ -352,13 +277,14 @@ class ConstrainedDecoding(AutomatonConstraint):
         layout = self.layout
         depth = step + 1
         width = ops.shape(edges)[1]
-        states = self._edge_targets(edges[:, :1]) + ops.arange(width + 1, dtype="int32")[None, :]
+        first = self.transitions.edge_targets(edges[:, :1])
+        states = first + ops.arange(width + 1, dtype="int32")[None, :]
         start = layout.depth_starts[depth]
         states = ops.clip(states, start, start + layout.level_sizes[depth])
-        bounds = eligibility_step.tree_member_starts(
+        bounds = member_ranges.tree_member_starts(
             layout, self.index_weights["indptr"], states, depth
         )
-        return eligibility_step.keep_mask_between(
+        return eligibility_kernels.keep_mask_between(
             self.eligibility_weights["eligibility_words"],
             self.eligibility_weights["eligibility_directory"],
             eligibility,
@@ -366,43 +292,10 @@ class ConstrainedDecoding(AutomatonConstraint):
         )
 
     def _member_ranges(self, states, depth):
-        return eligibility_step.tree_member_ranges(
+        return member_ranges.tree_member_ranges(
             self.layout,
             self.index_weights["indptr"],
             self.member_range_weights["dense_boundaries"],
             states,
             depth,
         )
-
-    def _eligibility_mask_shapes(self):
-        if not self.layout.dense_levels:
-            return {}
-        windows = self.eligibility_windows
-        return dense_step_eligibility.mask_shapes(self.layout, windows, self.num_eligibility_sets)
-
-    def _eligibility_mask_arrays(self, eligibility_sets):
-        if not self.layout.dense_levels:
-            return {}
-        return dense_step_eligibility.mask_arrays(
-            self.layout,
-            self.eligibility_windows,
-            self.eligibility_weights,
-            self.member_range_weights,
-            eligibility_sets,
-        )
-
-    def _dense_exclusions(self, set_ids, members, before):
-        """The codes of each dense depth a request's exclusions empty, found
-        once per decode (`DenseStepEligibility.exclusions`), or None."""
-        part = self.dense_step_eligibility
-        return None if part is None else part.exclusions(set_ids, members, before)
-
-    def _same_members(self, step) -> bool:
-        # A tree's members all end at depth L: an only child holds all of
-        # its parent's members. Step 0 has no entered parent to rely on.
-        return step is not None and step > 0 and self.layout.step_widths[step] == 1
-
-    def _edge_targets(self, edges):
-        # Tree numbering: edge k leads to tail state n_d + k.
-        layout = self.layout
-        return edges + (layout.dense_head_states + layout.level_sizes[layout.dense_levels])

@@ -44,6 +44,16 @@ class DenseHead:
         self.eligible_words = eligible_words
         self.depth = depth
 
+    def weight_shapes(self) -> dict:
+        """The dense edge rows it derives from the index (empty: none kept)."""
+        return dense_edge_rows.shapes(self.layout)
+
+    def weight_arrays(self, arrays) -> dict:
+        """Their values, from an index's arrays."""
+        if not self.edge_rows:
+            return {}
+        return dense_edge_rows.arrays(self.layout, arrays["dense_states"])
+
     def in_head(self, states):
         return ops.logical_and(
             ops.greater_equal(states, 0), ops.less(states, self.layout.dense_head_states)

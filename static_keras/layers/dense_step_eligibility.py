@@ -6,8 +6,8 @@ dense-head state, stored (`eligibility_dense`, built on the host by
 decode time at the others (`derived_dense_masks`, from planes the index
 fixes); the codes a request's exclusions empty are found once per decode
 and cleared from the row. `DenseStepEligibility` holds those kernels for
-one layer (the `DenseHead` asks it for each row's eligible words); the
-functions below size and fill the weights they read.
+one layer (the `DenseHead` asks it for each row's eligible words) and sizes
+and fills the masks they read.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from __future__ import annotations
 from keras import ops
 
 from static_keras.index import dense_eligibility
+from static_keras.layers import dense_exclusions
 from static_keras.layers import derived_dense_masks
-from static_keras.layers import eligibility_step
+from static_keras.layers import eligibility_request
 from static_keras.layers import gather
 
 
@@ -53,7 +54,7 @@ class DenseStepEligibility:
             words = ops.where(ops.greater_equal(set_ids, -1)[:, None], words, 0)
         if request.dense_excluded is not None:
             if step is not None and request.group > 1:
-                cleared = eligibility_step.grouped_blocked_words(
+                cleared = dense_exclusions.grouped_blocked_words(
                     request.dense_excluded[:, step, :],
                     ops.where(valid, states - layout.dense_mask_offsets[step], -1),
                     request.group,
@@ -110,9 +111,9 @@ class DenseStepEligibility:
         )
 
     def blocked_words(self, states, step, request):
-        """`eligibility_step.blocked_words` of each row's own exclusions."""
+        """`dense_exclusions.blocked_words` of each row's own exclusions."""
         layout = self.layout
-        dense_excluded = eligibility_step.dense_excluded_rows(request)
+        dense_excluded = eligibility_request.dense_excluded_rows(request)
         if step is not None:
             blocked = dense_excluded[:, step, :]
             parent = states - layout.dense_mask_offsets[step]
@@ -123,7 +124,7 @@ class DenseStepEligibility:
             blocked = gather.take(flat, rows + depth)
             starts = ops.convert_to_tensor(list(layout.depth_starts), "int32")
             parent = states - gather.take(starts, depth)
-        return eligibility_step.blocked_words(blocked, parent, layout.vocab_size, layout.mask_words)
+        return dense_exclusions.blocked_words(blocked, parent, layout.vocab_size, layout.mask_words)
 
     def exclusions(self, set_ids, members, before):
         """The codes of each dense depth a request's exclusions empty
@@ -132,11 +133,11 @@ class DenseStepEligibility:
         table = self.member_range_weights["dense_boundaries"]
         offsets = dense_eligibility.dense_boundary_offsets(layout)
         real = ops.less(members, layout.num_members)
-        codes = eligibility_step.dense_codes(
+        codes = dense_exclusions.dense_codes(
             self.member_range_weights["dense_member_codes"], members, real
         )
-        request = eligibility_step.RequestEligibility(set_ids, members, before)
-        return eligibility_step.blocked_dense_codes(
+        request = eligibility_request.RequestEligibility(set_ids, members, before)
+        return dense_exclusions.blocked_dense_codes(
             self.eligibility_weights["eligibility_words"],
             self.eligibility_weights["eligibility_directory"],
             request,
@@ -146,26 +147,38 @@ class DenseStepEligibility:
             layout.vocab_size,
         )
 
+    def mask_shapes(self, num_sets: int) -> dict:
+        """The shape of the stored dense-step masks (`eligibility_dense`)."""
+        layout = self.layout
+        rows = derived_dense_masks.stored_rows(layout.vocab_size, self.eligibility_windows)
+        return {"eligibility_dense": (num_sets, rows, layout.mask_words)}
 
-def mask_shapes(layout, windows, num_sets: int) -> dict:
-    """The shape of the stored dense-step masks (`eligibility_dense`)."""
-    rows = derived_dense_masks.stored_rows(layout.vocab_size, windows)
-    return {"eligibility_dense": (num_sets, rows, layout.mask_words)}
+    def mask_arrays(self, sets) -> dict:
+        """Their values for `sets` (sets whose words did not change keep their rows)."""
+        weights = self.eligibility_weights
+        boundaries = ops.convert_to_numpy(self.member_range_weights["dense_boundaries"])
+        current = (
+            ops.convert_to_numpy(weights["eligibility_words"]),
+            ops.convert_to_numpy(weights["eligibility_dense"]),
+        )
+        masks = dense_eligibility.dense_eligibility_masks(
+            self.layout.vocab_size,
+            self.layout.dense_levels,
+            boundaries,
+            sets,
+            current,
+            stored_levels=self.eligibility_windows.count(0),
+        )
+        return {"eligibility_dense": masks}
 
-
-def mask_arrays(layout, windows, eligibility_weights, member_range_weights, sets) -> dict:
-    """Their values for `sets` (sets whose words did not change keep their rows)."""
-    boundaries = ops.convert_to_numpy(member_range_weights["dense_boundaries"])
-    current = (
-        ops.convert_to_numpy(eligibility_weights["eligibility_words"]),
-        ops.convert_to_numpy(eligibility_weights["eligibility_dense"]),
-    )
-    masks = dense_eligibility.dense_eligibility_masks(
-        layout.vocab_size,
-        layout.dense_levels,
-        boundaries,
-        sets,
-        current,
-        stored_levels=windows.count(0),
-    )
-    return {"eligibility_dense": masks}
+    def extend_refresh_spec(self, spec: dict) -> None:
+        """Adds the dense-step masks to an eligibility refresh: derived from
+        the sets and the index's `dense_boundaries` for the depths that
+        store them (the others derive at decode time)."""
+        spec["rewrites"]["eligibility_dense"] = self.eligibility_weights["eligibility_dense"]
+        spec["reads"]["dense_boundaries"] = self.member_range_weights["dense_boundaries"]
+        spec["derive"] = {
+            "vocab_size": self.layout.vocab_size,
+            "dense_levels": self.layout.dense_levels,
+            "stored_levels": self.eligibility_windows.count(0),
+        }

@@ -17,7 +17,8 @@ import numpy as np
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.eligibility import directory_size
 from static_keras.index.eligibility import words_per_set
-from static_keras.layers import eligibility_step
+from static_keras.layers import eligibility_kernels
+from static_keras.layers import eligibility_request
 
 SET_WEIGHTS = ("eligibility_words", "eligibility_directory")
 
@@ -127,13 +128,13 @@ class EligibilityFilter:
 
     def check(self, eligibility, num_members: int, dense_exclusions, rows=None):
         """A request `(set_ids, excluded)` checked and set out for the steps
-        of a decode (`eligibility_step.prepare`)."""
+        of a decode (`eligibility_request.prepare`)."""
         if not self.num_sets:
             raise ValueError(
                 "`eligibility` needs a layer with eligibility sets: build it with "
                 "`eligibility=` (an EligibilitySets) or `eligibility_sets=S`"
             )
-        return eligibility_step.prepare(
+        return eligibility_request.prepare(
             self.weights["eligibility_words"],
             num_members,
             eligibility,
@@ -146,4 +147,4 @@ class EligibilityFilter:
         """bool: whether each member range `[lo, hi)` holds an eligible,
         non-excluded member of its row's request."""
         words, directory = (self.weights[name] for name in SET_WEIGHTS)
-        return eligibility_step.keep_mask(words, directory, request, lo, hi)
+        return eligibility_kernels.keep_mask(words, directory, request, lo, hi)

@@ -175,3 +175,50 @@ def eligible_in_range(words, directory, set_ids, lo, hi, excluded_members=None):
     counted = contains(words, rows, excluded)  # the padding is never eligible
     searched, before = prepare_counted(excluded, counted)
     return count - counted_in_ranges(searched, before, lo, hi)
+
+
+def keep_mask(words, directory, request, lo, hi):
+    """bool `[R, K]`: whether `[lo, hi)` holds an eligible, non-excluded member.
+
+    Args:
+        words, directory: int32 `[S, W]`, `[S, D]` weights.
+        request: a `RequestEligibility`.
+        lo, hi: int32 `[R, K]` member ranges of each row's candidate states.
+    """
+    width = ops.shape(lo)[1]
+    return _keep(words, directory, request, ops.concatenate([lo, hi], axis=1),
+                 lambda x: x[:, width:] - x[:, :width])  # fmt: skip
+
+
+def keep_mask_between(words, directory, request, bounds):
+    """bool `[R, K]`: `keep_mask` for abutting ranges `[bounds[:, k],
+    bounds[:, k + 1])`, e.g. a row's candidates when they are consecutive
+    states (`member_ranges.tree_member_starts`): K + 1 ranks and searches, not 2 K."""
+    return _keep(words, directory, request, bounds, lambda x: x[:, 1:] - x[:, :-1])
+
+
+def _keep(words, directory, request, positions, span):
+    """bool: `span(counts below positions) > 0`, with `span` the ranges'
+    difference of the reads at their two ends."""
+    count = span(positions)
+    if request.set_ids is not None:
+        ranks = set_ranks(words, directory, request.set_ids, positions)
+        count = set_counts(request.set_ids, span(ranks), count)
+    if request.excluded is not None:
+        below = counted_below(request.excluded, request.excluded_before, positions)
+        count = count - span(below)
+    return ops.greater(count, 0)
+
+
+def set_ranks(words, directory, set_ids, positions):
+    """int32 `[R, Q]`: rank of each position in its row's set (set 0 for
+    rows without one; `set_counts` drops those)."""
+    safe = ops.where(ops.greater_equal(set_ids, 0), set_ids, 0)
+    return rank(words, directory, safe[:, None], positions)
+
+
+def set_counts(set_ids, ranked, count):
+    """`ranked` for rows with a set, `count` for rows without, 0 for rows
+    with an unknown id."""
+    count = ops.where(ops.greater_equal(set_ids, 0)[:, None], ranked, count)
+    return ops.where(ops.greater_equal(set_ids, -1)[:, None], count, 0)

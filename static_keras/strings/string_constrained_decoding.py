@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
-from keras import ops
 
 from static_keras.api_export import static_keras_export
-from static_keras.constants import INVALID_STATE
-from static_keras.layers import eligibility_step
-from static_keras.layers import gather
+from static_keras.layers import member_ranges
 from static_keras.layers.automaton_constraint import AutomatonConstraint
+from static_keras.layers.automaton_constraint import ConstraintParts
 from static_keras.strings.layout import StringIndexLayout
 from static_keras.strings.string_index import StringIndex
+from static_keras.strings.string_transitions import StringTransitions
 
 
 @static_keras_export
@@ -116,23 +115,10 @@ class StringConstrainedDecoding(AutomatonConstraint):
         }
         super().__init__(index, layout_fields=layout_fields, **kwargs)
 
-    # Kernels -----------------------------------------------------------------
+    def _make_parts(self) -> ConstraintParts:
+        return ConstraintParts(StringTransitions(self.layout, self.index_weights))
 
-    def _sparse_width(self, step) -> int:
-        return self.layout.max_width if step is None else self.layout.step_widths[step]
-
-    def _rows(self, states, step):
-        valid = ops.logical_and(
-            ops.greater(states, INVALID_STATE), ops.less(states, self.layout.num_states)
-        )
-        indptr = self.index_weights["indptr"]
-        safe = ops.where(valid, states, 0)
-        start = ops.cast(gather.take(indptr, safe), "int32")
-        count = ops.cast(gather.take(indptr, safe + 1), "int32") - start
-        return start, ops.where(valid, count, 0)
-
-    def _edge_targets(self, edges):
-        return ops.cast(gather.take(self.index_weights["next_states"], edges), "int32")
+    # Member ranges (eligibility sets) --------------------------------------
 
     def _member_range_shapes(self):
         return {"member_lo": (self.layout.num_states,), "member_hi": (self.layout.num_states,)}
@@ -145,6 +131,6 @@ class StringConstrainedDecoding(AutomatonConstraint):
 
     def _member_ranges(self, states, depth):
         weights = self.member_range_weights
-        return eligibility_step.string_member_ranges(
+        return member_ranges.string_member_ranges(
             weights["member_lo"], weights["member_hi"], states
         )
