@@ -95,7 +95,9 @@ def test_bench_passes_its_arguments_on(capsys, monkeypatch):
     import static_keras.cli
 
     seen = []
-    monkeypatch.setattr(static_keras.cli, "_cmd_bench", lambda args: seen.append(args.args))
+    monkeypatch.setattr(
+        static_keras.cli.bench_command, "command_bench", lambda args: seen.append(args.args)
+    )
     for argv, passed in (
         (["bench", "--quick"], ["--quick"]),
         (["bench", "--only", "build", "n", "--sizes", "1e5"], ["--only", "build", "n",
@@ -108,7 +110,7 @@ def test_bench_passes_its_arguments_on(capsys, monkeypatch):
 
 
 def test_rest_address_without_a_scheme_is_http(capsys):
-    from static_keras.cli import _rest_url
+    from static_keras.cli.serving_commands import _rest_url
 
     assert _rest_url("127.0.0.1:8501") == "http://127.0.0.1:8501"
     assert _rest_url("https://serving.example:443/") == "https://serving.example:443/"
@@ -161,7 +163,7 @@ def test_served_errors_print_their_message_alone(served, printed, capsys, monkey
     def fail(args):
         raise ServingError(served, code="INVALID_ARGUMENT")
 
-    monkeypatch.setattr(static_keras.cli, "_cmd_query", fail)
+    monkeypatch.setattr(static_keras.cli.serving_commands, "command_query", fail)
     argv = ["query", "--model", "recs", "--grpc", "h:1", "--input", "history=1,500"]
     code, _, err = run(capsys, *argv)
     assert code == 2 and err == f"static-keras: error: {printed}\n"
@@ -274,7 +276,9 @@ def test_bench_runs_only_from_a_source_checkout(tmp_path):
     (site / "benchmarks" / "run_all.py").write_text(
         f"def main(args):\n    open({str(marker)!r}, 'w').close()\n"
     )
-    package = os.path.dirname(os.path.abspath(main.__code__.co_filename))
+    import static_keras
+
+    package = os.path.dirname(os.path.abspath(static_keras.__file__))
     os.symlink(package, site / "static_keras")
     code = (
         f"import sys; sys.path.insert(0, {str(site)!r}); from static_keras.cli import main; "

@@ -12,8 +12,8 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from static_keras.cli import _ndarray
-from static_keras.cli import _tensor_proto
+from static_keras.cli.serving_commands import _ndarray
+from static_keras.cli.serving_commands import _tensor_proto
 
 
 def _cli(*argv, code: str = "", timeout: float = 120) -> subprocess.CompletedProcess:
@@ -137,7 +137,7 @@ def test_commands_print_only_their_own_lines(tmp_path):
 def test_retracing_hints_are_dropped_and_other_warnings_kept():
     import logging
 
-    from static_keras.cli import _no_retracing_warning
+    from static_keras.cli.output import _no_retracing_warning
 
     def record(message):
         return logging.LogRecord("tensorflow", logging.WARNING, "", 0, message, None, None)

@@ -1,0 +1,399 @@
+"""The parser of the `static-keras` command line: one subcommand per command,
+each with a paragraph and an example in its --help."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+from static_keras.cli import bench_command
+from static_keras.cli import index_commands
+from static_keras.cli import model_commands
+from static_keras.cli import serving_commands
+
+
+def _command(commands, name: str, help: str, description: str, example: str):
+    """A subcommand whose --help shows a paragraph and an example, as written."""
+    return commands.add_parser(
+        name,
+        help=help,
+        description=textwrap.dedent(description).strip(),
+        epilog="example:\n" + textwrap.indent(textwrap.dedent(example).strip(), "  "),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from static_keras.serving.limits import ServerLimits
+
+    parser = argparse.ArgumentParser(
+        prog="static-keras",
+        description="STATIC constrained decoding for Keras 3 and TensorFlow Serving: compile a "
+        "catalogue's valid set into an index, decode only its members inside a Keras model, "
+        "serve it with index refreshes that need no retraining.",
+        epilog="Start with `static-keras demo`; docs/quickstart.md goes from your own semantic "
+        "IDs to a served model. `static-keras COMMAND --help` explains each command.",
+    )
+    verbose_help = "also print TensorFlow's log lines and served errors in full"
+    parser.add_argument("--verbose", action="store_true", help=verbose_help)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = _command(
+        commands,
+        "demo",
+        help="generative retrieval end to end: semantic IDs, a trained decoder, "
+        "constrained vs unconstrained beam search, cold start, a hot swap",
+        description="""
+            Generative retrieval end to end, on synthetic data: a catalogue of 50,000 items
+            and its users, semantic IDs by residual k-means, a small Keras transformer
+            decoder trained on the users' histories, then beam search without the
+            constraint, constrained to the catalogue and constrained to fresh items
+            (validity, eligibility, Recall@10, time per step), a cold-start run, three
+            regions served from one index, and an export and hot swap of two index
+            versions on the development server. Prints a table and writes OUT/report.md
+            with three plots. A few minutes on a laptop's CPU; --quick is smaller.
+            With --strings, the second demo instead: a small transformer trained here for at
+            most 3 minutes answers which AWS operation (botocore's 15,000 names) a sentence
+            describes, by beam search over its BPE vocabulary and constrained to the names;
+            prints validity, accuracy and time per answer and writes OUT/report.md with a plot.
+        """,
+        example="""
+            static-keras demo --quick --out /tmp/demo   # then read /tmp/demo/report.md
+            static-keras demo --strings                 # a weak LLM-style model, constrained
+        """,
+    )
+    demo.add_argument(
+        "--strings",
+        action="store_true",
+        help="the second demo: a small model trained here answers which AWS operation a "
+        "sentence describes, unconstrained and constrained to the 15,000 names (validity, "
+        "accuracy, time per answer); needs botocore and tokenizers (static-keras[strings-demo])",
+    )
+    demo.add_argument(
+        "--quick",
+        action="store_true",
+        help="20,000 items and fewer users and epochs (for CI); with --strings: 2,000 training "
+        "questions",
+    )
+    demo.add_argument(
+        "--out",
+        help="report folder (default static_keras_demo, with --strings static_keras_strings_demo)",
+    )
+    demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    demo.add_argument("--no-serve", action="store_true", help="skip the export/serving part")
+    demo.set_defaults(run=model_commands.command_demo)
+
+    build = _command(
+        commands,
+        "build-index",
+        help="compile sequences into an index file",
+        description="""
+            Compile semantic IDs (an int array [N, L], one row per item) into an index
+            file: in this process from one .npy, .csv or .parquet file, or with --runner
+            beam from many shards (globs, any Beam filesystem) through an Apache Beam
+            pipeline (docs/beam.md). Prints the index's statistics, as inspect does.
+        """,
+        example="""
+            static-keras build-index semantic_ids.npy --vocab-size 256 \\
+                --item-ids item_ids.npy --out catalogue.npz
+            static-keras build-index 'shards/*.parquet' --runner beam --vocab-size 256 \\
+                --item-id-field item_id --out catalogue.npz
+        """,
+    )
+    build.add_argument(
+        "sequences",
+        nargs="+",
+        help="int array [N, L] of semantic IDs: .npy, .csv (no header) or .parquet (one "
+        "integer column per level; a column 'item_id' is skipped); with --runner beam, "
+        "paths or globs of .parquet, .tfrecord or .csv shards",
+    )
+    build.add_argument("--vocab-size", type=int, required=True, help="token ids per level, V")
+    build.add_argument("--out", required=True, help="index file to write (.npz)")
+    build.add_argument(
+        "--item-ids", help="int array [N] of catalogue ids (.npy, .csv, or .parquet column item_id)"
+    )
+    build.add_argument("--progress", action="store_true", help="always draw the progress bar")
+    build.add_argument(
+        "--dense-levels",
+        default="auto",
+        type=index_commands.dense_levels,
+        help="steps served by dense masks (int or 'auto', the default)",
+    )
+    build.add_argument(
+        "--on-duplicate-item",
+        default="error",
+        choices=["error", "first", "last"],
+        help="one semantic ID with two item ids: fail, or keep the first/last",
+    )
+    build.add_argument(
+        "--runner",
+        default="in-process",
+        choices=["in-process", "beam"],
+        help="in-process (default): StaticIndex.build in this process; beam: an Apache Beam "
+        "pipeline, the local runner unless --beam-option says otherwise",
+    )
+    build.add_argument(
+        "--beam-option",
+        action="append",
+        metavar="FLAG",
+        help="a Beam pipeline option, passed on; repeat it, and write it with '=': "
+        "--beam-option=--runner=DataflowRunner --beam-option=--direct_num_workers=2",
+    )
+    build.add_argument(
+        "--input-format",
+        default="auto",
+        choices=["auto", "parquet", "tfrecord", "csv"],
+        help="(beam) shard format; auto: from each file's suffix",
+    )
+    build.add_argument(
+        "--sequence-field",
+        help="(beam) Parquet list column or TFRecord int64 feature of the IDs (default: every "
+        "Parquet column but the item ids; TFRecord feature 'semantic_id')",
+    )
+    build.add_argument(
+        "--item-id-field",
+        help="(beam) Parquet column or TFRecord feature of the item ids; for CSV, any name "
+        "reads the last column",
+    )
+    build.add_argument(
+        "--partition-levels",
+        default="auto",
+        type=index_commands.dense_levels,
+        help="(beam) first tokens of a partition key (int or 'auto': at least 256 keys)",
+    )
+    build.add_argument(
+        "--temp-location",
+        help="(beam) folder for staged partitions, on a filesystem the workers can write "
+        "(default: the pipeline's --temp_location, else beside --out)",
+    )
+    build.set_defaults(run=index_commands.command_build_index)
+
+    inspect = _command(
+        commands,
+        "inspect",
+        help="print an index file's statistics (semantic IDs or a string set)",
+        description="""
+            Print an index file's statistics: its kind, members, automaton states, vocab
+            size, length, dense levels, step widths, bytes per array and checksum. Takes a
+            semantic-ID index (build-index, StaticIndex.save) or a string set
+            (StringIndex.save), and says what a file is when it is not an index.
+        """,
+        example="""
+            static-keras inspect catalogue.npz
+        """,
+    )
+    inspect.add_argument(
+        "index", help="index file written by build-index, StaticIndex.save or StringIndex.save"
+    )
+    inspect.set_defaults(run=index_commands.command_inspect)
+
+    def model_arguments(command):
+        command.add_argument("model", help=".keras model holding a ConstrainedBeamSearch")
+        command.add_argument(
+            "--index",
+            help="index file to decode over instead (an index-only refresh: same decoder "
+            "weights, another valid set)",
+        )
+        command.add_argument(
+            "--xla", action="store_true",
+            help="save jit-compiled functions (the server needs XLA enabled: docs/serving.md)",
+        )  # fmt: skip
+        command.add_argument(
+            "--warmup-batch-sizes", type=int, nargs="+", default=[1, 8],
+            help="batch sizes of the warmup requests (default 1 8)",
+        )  # fmt: skip
+        command.add_argument(
+            "--model-name", default="static_keras",
+            help="model name in the warmup requests (default static_keras)",
+        )  # fmt: skip
+
+    export = _command(
+        commands,
+        "export",
+        help="write a SavedModel for TF Serving",
+        description="""
+            Write a SavedModel for TensorFlow Serving from a .keras model that holds a
+            ConstrainedBeamSearch: the decoder weights and the index tensors as variables,
+            a serving_default signature with named outputs (tokens, scores, item_ids), and
+            warmup requests; it is reloaded and checked before the command returns. With
+            --index the same decoder decodes over another index file. For the versioned
+            folders that a server polls, use publish.
+        """,
+        example="""
+            static-keras export recommender.keras --out exported/recs
+        """,
+    )
+    model_arguments(export)
+    export.add_argument("--out", required=True, help="directory to create")
+    export.set_defaults(run=model_commands.command_export)
+
+    publish = _command(
+        commands,
+        "publish",
+        help="export atomically as a new version under a model base path",
+        description="""
+            Export the model as a new integer version under --model-base-path, atomically:
+            the version is written beside the others, loaded and warmed up, then renamed
+            into place, so a polling tensorflow_model_server (or serve-dev) only ever sees
+            complete versions and swaps to it without failing a request. Keeps the newest
+            --keep versions that load. With --index it publishes the same decoder over
+            another index file (tomorrow's catalogue, in-stock items): no retraining.
+        """,
+        example="""
+            static-keras publish recommender.keras --model-base-path models/recs
+            static-keras publish recommender.keras --model-base-path models/recs \\
+                --index in_stock.npz
+        """,
+    )
+    model_arguments(publish)
+    publish.add_argument("--model-base-path", required=True, help="directory TF Serving polls")
+    publish.add_argument("--version", type=int, help="version number (default: newest + 1)")
+    publish.add_argument(
+        "--keep", type=int, default=3,
+        help="versions that load and warm up to keep; rejected ones never count (default 3)",
+    )  # fmt: skip
+    publish.set_defaults(run=model_commands.command_publish)
+
+    refresh = _command(
+        commands,
+        "refresh-eligibility",
+        help="publish a version whose only change is some eligibility sets (no rebuild)",
+        description="""
+            Publish a new version whose only change is the members of some eligibility sets
+            (regions, in stock, ...) of a served model: the newest version (or
+            --source-version) is copied, each --set named is replaced by the item ids in
+            its file, and the copy is published as publish does. The model and its index
+            are neither loaded nor rebuilt. The model must have been exported with those
+            sets (EligibilitySets, docs/concepts.md); the other sets keep their members.
+        """,
+        example="""
+            static-keras refresh-eligibility --model-base-path models/recs \\
+                --set in_stock=in_stock_ids.npy --set region_eu=eu_ids.parquet --column item_id
+        """,
+    )
+    refresh.add_argument("--model-base-path", required=True, help="directory TF Serving polls")
+    refresh.add_argument(
+        "--set", action="append", required=True, metavar="NAME=FILE",
+        help="a set to replace and its eligible item ids (.npy, .csv or .parquet); repeatable",
+    )  # fmt: skip
+    refresh.add_argument("--column", help="the item id column of a .parquet file")
+    refresh.add_argument("--source-version", type=int, help="version to copy (default: newest)")
+    refresh.add_argument("--version", type=int, help="version number (default: newest + 1)")
+    refresh.add_argument("--keep", type=int, default=3, help="good versions to keep (default 3)")
+    refresh.set_defaults(run=model_commands.command_refresh_eligibility)
+
+    serve = _command(
+        commands,
+        "serve-dev",
+        help="development TF Serving stand-in (production: tensorflow_model_server)",
+        description="""
+            A development server for local use and tests, with the flag names of
+            tensorflow_model_server: serves the versions under --model_base_path (or the
+            models of --model_config_file) over gRPC and REST, loads and warms up new
+            versions as they appear and swaps to them without failing a request. Version
+            loads, rejections and swaps are logged on stderr. Production runs
+            tensorflow_model_server (docs/serving.md).
+        """,
+        example="""
+            static-keras serve-dev --model_name recs --model_base_path models/recs &
+            static-keras query --grpc 127.0.0.1:8500 --model recs --input history=3,14,15 --wait 60
+        """,
+    )
+    serve.add_argument("--port", type=int, default=8500, help="gRPC port (default 8500)")
+    serve.add_argument("--rest_api_port", type=int, default=8501, help="REST port (default 8501)")
+    serve.add_argument("--model_name", default="default", help="model name (default 'default')")
+    serve.add_argument("--model_base_path", help="directory of integer version directories")
+    serve.add_argument("--model_config_file", help="models.config (labels, specific versions)")
+    serve.add_argument(
+        "--file_system_poll_wait_seconds", type=float, default=1.0,
+        help="seconds between looks for new or removed versions (default 1)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--xla_cpu_compilation_enabled", action="store_true",
+        help="serve versions exported with --xla (jit-compiled); without it they are "
+        "rejected, as tensorflow_model_server does",
+    )  # fmt: skip
+    defaults = ServerLimits()
+    serve.add_argument(
+        "--max_body_bytes", type=int, default=defaults.max_body_bytes,
+        help=f"largest REST body; larger ones get HTTP 413 (default {defaults.max_body_bytes})",
+    )  # fmt: skip
+    serve.add_argument(
+        "--read_timeout_seconds", type=float, default=defaults.read_timeout_seconds,
+        help="time a REST client has to send a request; then HTTP 408 "
+        f"(default {defaults.read_timeout_seconds:g})",
+    )  # fmt: skip
+    serve.add_argument(
+        "--max_batch_rows", type=int, default=defaults.max_batch_rows,
+        help=f"most rows in one request, 0 = no limit (default {defaults.max_batch_rows})",
+    )  # fmt: skip
+    serve.add_argument("--run-seconds", type=float, help="stop after this long (default: never)")
+    serve.set_defaults(run=serving_commands.command_serve_dev)
+
+    query = _command(
+        commands,
+        "query",
+        help="send one Predict request to a server",
+        description="""
+            Send one Predict request (signature serving_default) to tensorflow_model_server
+            or serve-dev and print each output. Inputs are int32 rows: --input
+            history=1,2,3 is one row, 'history=1,2,3;4,5,6' two. A gRPC answer says which
+            version served it; a REST answer from tensorflow_model_server does not (pin
+            --version). Neither path loads TensorFlow, so a query against a running server
+            takes a fraction of a second. Errors raised by the model (an id out of range)
+            print as their message alone; --verbose prints them as served.
+        """,
+        example="""
+            static-keras query --grpc 127.0.0.1:8500 --model recs --input history=3,14,15,92
+            static-keras query --rest 127.0.0.1:8501 --model recs --input 'history=3,14;15,92'
+        """,
+    )
+    query.add_argument("--model", required=True, help="model name")
+    query.add_argument("--grpc", help="gRPC address HOST:PORT, e.g. 127.0.0.1:8500")
+    query.add_argument(
+        "--rest", help="REST address: a base URL or HOST:PORT, e.g. 127.0.0.1:8501 (http)"
+    )
+    query.add_argument(
+        "--input", action="append", required=True, metavar="NAME=ROWS",
+        help="an input and its int32 rows, NAME=1,2,3;4,5,6 (rows split by ';'); repeatable",
+    )  # fmt: skip
+    query.add_argument("--version", type=int, help="model version (default: the newest)")
+    query.add_argument("--label", help="version label (from a models.config)")
+    query.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+    query.add_argument(
+        "--wait", type=float, default=0.0,
+        help="seconds to keep retrying while the server is not up yet (default 0)",
+    )  # fmt: skip
+    query.set_defaults(run=serving_commands.command_query)
+
+    bench = _command(
+        commands,
+        "bench",
+        help="run the benchmark suite (benchmarks/ in a source checkout)",
+        description="""
+            Run the decoding benchmark suite of a source checkout (benchmarks/run_all.py):
+            index build time and bytes against N, the constraint's cost per decoding step
+            against the baselines over N, vocabulary and rows, and the step kernel; it
+            prints tables and writes CSVs and plots. The full run takes about 30 minutes;
+            --quick about a minute. Every argument after `bench` goes to run_all.py:
+            --quick, --device cpu|gpu, --results-dir DIR, --img-dir DIR, --only PART...,
+            --skip PART..., --sizes N...; `static-keras bench -- --help` lists them.
+        """,
+        example="""
+            static-keras bench --quick
+            static-keras bench --only build n --sizes 1e5 1e6 --results-dir /tmp/bench
+        """,
+    )
+    bench.add_argument(
+        "args", nargs=argparse.REMAINDER, metavar="ARGS",
+        help="arguments of benchmarks/run_all.py (see above), passed on as given",
+    )  # fmt: skip
+    bench.set_defaults(run=bench_command.command_bench)
+
+    for command in commands.choices.values():
+        # Also after the command (`static-keras demo --verbose`); SUPPRESS keeps
+        # an earlier `static-keras --verbose demo` from being reset.
+        command.add_argument(
+            "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help
+        )
+    return parser
