@@ -21,35 +21,28 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
-import threading
 import time
 
 import keras
 import numpy as np
 
 from static_keras.decoding.constrained_beam_search import ConstrainedBeamSearch
+from static_keras.demo.demo_failure import DemoFailure
+from static_keras.demo.hot_swap import serve_and_swap
+from static_keras.demo.regions import regions_and_histories
 from static_keras.demo.report import write_report
-from static_keras.demo.world import REGIONS
 from static_keras.demo.world import make_users
 from static_keras.demo.world import make_world
-from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.semantic_ids import disambiguate
 from static_keras.index.semantic_ids import fit_residual_kmeans
 from static_keras.index.static_index import StaticIndex
 from static_keras.layers.cached_transformer_decoder import CachedTransformerDecoder
 from static_keras.layers.cached_transformer_decoder import TeacherForcing
-from static_keras.layers.constrained_decoding import ConstrainedDecoding
 from static_keras.metrics.recall_at_k import recall_per_row
 
 HISTORY = 8
-REGION_USERS = 32  # users decoded per region in step 6
 TIMED_USERS = 128  # one batch, timed per decoding step
 TIMING_ROUNDS = 9
-
-
-class DemoFailure(RuntimeError):
-    """An invariant the demo promises did not hold."""
 
 
 def _recall(targets: np.ndarray, ranked: np.ndarray, k: int) -> np.ndarray:
@@ -102,24 +95,12 @@ def run_demo(
     keras.utils.set_random_seed(seed)
     started = time.perf_counter()
 
-    # 1-2. World and semantic IDs -------------------------------------------------
+    # 1-2. World and semantic IDs
     world = make_world(cfg["items"], cfg["cold"], seed=seed)
     catalogue = np.arange(world.num_catalogue)
-    rq = fit_residual_kmeans(
-        world.embeddings[catalogue], num_levels=cfg["levels"], vocab_size=cfg["vocab"], seed=seed
-    )
-    codes = rq.encode(world.embeddings)
-    sids = np.empty((world.num_items, cfg["levels"] + 1), dtype=np.int32)
-    sids[catalogue] = disambiguate(codes[catalogue])
-    # Cold items continue each code's collision counter.
     cold = np.arange(world.num_catalogue, world.num_items)
-    taken = {tuple(row): 0 for row in codes[catalogue]}
-    for row in codes[catalogue]:
-        taken[tuple(row)] += 1
-    start = np.array([taken.get(tuple(row), 0) for row in codes[cold]])
-    sids[cold] = disambiguate(codes[cold], start=start)
-    vocab = int(max(cfg["vocab"], sids.max() + 1))
-    length = sids.shape[1]
+    sids = _semantic_ids(world, cfg, seed)
+    vocab, length = int(max(cfg["vocab"], sids.max() + 1)), sids.shape[1]
     ids = world.item_ids(np.arange(world.num_items))
 
     def index_of(rows):
@@ -133,22 +114,118 @@ def run_demo(
     print_fn(f"catalogue: {world.num_catalogue:,} items, semantic IDs {length} x {vocab} codes; "
              f"{catalogue_index}")  # fmt: skip
 
-    # 3. Train the decoder ----------------------------------------------------------
-    # As in TIGER, the history is read as the semantic IDs of its items (one
-    # token per level, offset by level; 0 pads): items that share codes share
-    # what the model learns, which is what lets it reach cold-start items.
+    # 3. Train the decoder. As in TIGER, the history is read as the semantic
+    # IDs of its items (one token per level, offset by level; 0 pads): items
+    # that share codes share what the model learns, which is what lets it
+    # reach cold-start items.
     def history_tokens(item_id_rows):
         tokens = sids[item_id_rows - 1] + 1 + vocab * np.arange(length)
         return tokens.reshape(len(item_id_rows), -1).astype(np.int32)
 
+    history_in = keras.Input((HISTORY * length,), dtype="int32", name="history")
+    decoder, train_seconds = _train_decoder(world, cfg, sids, vocab, history_in,
+                                            history_tokens, seed)  # fmt: skip
+    beam = cfg["beam"]
+
+    def search_model(index):
+        layer = (
+            ConstrainedBeamSearch(index, decoder, beam_size=beam, num_results=10)
+            if index is not None
+            else ConstrainedBeamSearch(None, decoder, beam_size=beam, num_results=10, length=length)
+        )
+        return keras.Model(history_in, layer(history_in))
+
+    # 4. Decode held-out users
+    test_items, test_targets = make_users(world, cfg["test_users"], HISTORY, seed=seed + 2)
+    test_histories = history_tokens(test_items)
+    decodings = [
+        ("unconstrained", None),
+        ("constrained: catalogue", catalogue_index),
+        (f"constrained: fresh < {fresh_days[0]} d", fresh_index),
+    ]
+    models = [search_model(index) for _, index in decodings]
+    rows = _compare_decodings(
+        decodings, models, test_histories, ids[test_targets], catalogue_index,
+        set(ids[fresh].tolist()), length, beam, print_fn,
+    )  # fmt: skip
+
+    # 5. Cold start: items uploaded after training
+    cold_histories, cold_targets = make_users(
+        world, 4 * cfg["test_users"], HISTORY, cold_targets=True, seed=seed + 3
+    )
+    cold_histories = history_tokens(cold_histories)
+    free = _decode(search_model(None), cold_histories)
+    free_top1 = index_of(np.arange(world.num_items)).lookup_item_ids(free["tokens"][:, 0])
+    pool = _decode(search_model(index_of(cold)), cold_histories)
+    cold_start = dict(
+        items=len(cold),
+        users=len(cold_targets),
+        unconstrained_recall_at_1=float(_recall(ids[cold_targets], free_top1[:, None], k=1).mean()),
+        constrained_recall_at_1=float(_recall(ids[cold_targets], pool["item_ids"], k=1).mean()),
+    )
+    print_fn(f"\ncold start ({len(cold):,} new items): Recall@1 unconstrained "
+             f"{cold_start['unconstrained_recall_at_1']:.1%}, constrained to the pool "
+             f"{cold_start['constrained_recall_at_1']:.1%}")  # fmt: skip
+
+    # 6. Regions and histories: one index, per-request sets and exclusions
+    regions = regions_and_histories(
+        world, catalogue_index, ids[catalogue], decoder, beam, test_histories, test_items, print_fn
+    )
+
+    results = dict(
+        num_items=world.num_catalogue, length=length, vocab_size=vocab,
+        index_bytes=catalogue_index.nbytes, build_ms=build_ms,
+        decoder_parameters=int(sum(np.prod(w.shape) for w in decoder.weights)),
+        train_seconds=train_seconds, epochs=cfg["epochs"], test_users=cfg["test_users"],
+        beam_size=beam, timed_users=TIMED_USERS, timing_rounds=TIMING_ROUNDS, decoding=rows,
+        cold_start=cold_start, regions=regions,
+    )  # fmt: skip
+
+    # 7. Serve and hot-swap
+    if serve:
+        newer = catalogue[world.days_ago[catalogue] < fresh_days[1]]
+        results["hot_swap"] = serve_and_swap(
+            search_model(fresh_index), index_of(newer), test_histories[:16],
+            fresh_days, set(ids[newer].tolist()), print_fn,
+        )  # fmt: skip
+
+    files = write_report(out_dir, results)
+    results["seconds"] = time.perf_counter() - started
+    print_fn(f"\nwrote {', '.join(os.path.join(out_dir, f) for f in files)} "
+             f"({results['seconds']:.0f} s in all)")  # fmt: skip
+    return results
+
+
+def _semantic_ids(world, cfg, seed) -> np.ndarray:
+    """int32 `[items, levels + 1]`: residual k-means codes fitted on the
+    catalogue plus a disambiguation level (TIGER); cold items continue each
+    code's collision counter."""
+    catalogue = np.arange(world.num_catalogue)
+    rq = fit_residual_kmeans(
+        world.embeddings[catalogue], num_levels=cfg["levels"], vocab_size=cfg["vocab"], seed=seed
+    )
+    codes = rq.encode(world.embeddings)
+    sids = np.empty((world.num_items, cfg["levels"] + 1), dtype=np.int32)
+    sids[catalogue] = disambiguate(codes[catalogue])
+    cold = np.arange(world.num_catalogue, world.num_items)
+    taken = {tuple(row): 0 for row in codes[catalogue]}
+    for row in codes[catalogue]:
+        taken[tuple(row)] += 1
+    start = np.array([taken.get(tuple(row), 0) for row in codes[cold]])
+    sids[cold] = disambiguate(codes[cold], start=start)
+    return sids
+
+
+def _train_decoder(world, cfg, sids, vocab, history_in, history_tokens, seed):
+    """`(decoder, seconds)`: a small transformer decoder trained with teacher
+    forcing on users' next items."""
+    length = sids.shape[1]
     histories, targets = make_users(world, cfg["train_users"], HISTORY, seed=seed + 1)
-    histories = history_tokens(histories)
     decoder = CachedTransformerDecoder(
         vocab, length, context_vocab_size=vocab * length + 1, hidden_dim=cfg["hidden"],
         num_heads=4, num_layers=2,
     )  # fmt: skip
     decoder.build()  # its variables are named after the decoder, not the trainer
-    history_in = keras.Input((HISTORY * length,), dtype="int32", name="history")
     target_in = keras.Input((length,), dtype="int32", name="target")
     trainer = keras.Model(
         [history_in, target_in],
@@ -160,38 +237,25 @@ def run_demo(
     )
     train_start = time.perf_counter()
     trainer.fit(
-        [histories, sids[targets]], sids[targets], batch_size=256, epochs=cfg["epochs"],
-        verbose=1 if sys.stdout.isatty() else 2,  # no progress bars in a log file
+        [history_tokens(histories), sids[targets]], sids[targets], batch_size=256,
+        epochs=cfg["epochs"], verbose=1 if sys.stdout.isatty() else 2,  # no bars in a log file
     )  # fmt: skip
-    train_seconds = time.perf_counter() - train_start
+    return decoder, time.perf_counter() - train_start
 
-    # 4. Decode held-out users ------------------------------------------------------
-    test_items, test_targets = make_users(world, cfg["test_users"], HISTORY, seed=seed + 2)
-    test_histories = history_tokens(test_items)
-    beam = cfg["beam"]
 
-    def search_model(index):
-        layer = (
-            ConstrainedBeamSearch(index, decoder, beam_size=beam, num_results=10)
-            if index is not None
-            else ConstrainedBeamSearch(None, decoder, beam_size=beam, num_results=10, length=length)
-        )
-        return keras.Model(history_in, layer(history_in))
+def _decode(model, inputs):
+    model.predict(inputs[:128], batch_size=128, verbose=0)  # trace, compile, warm up
+    return model.predict(inputs, batch_size=128, verbose=0)
 
-    def decode(model, inputs):
-        model.predict(inputs[:128], batch_size=128, verbose=0)  # trace, compile, warm up
-        return model.predict(inputs, batch_size=128, verbose=0)
 
-    eligible_ids = set(ids[fresh].tolist())
-    decodings = [
-        ("unconstrained", None),
-        ("constrained: catalogue", catalogue_index),
-        (f"constrained: fresh < {fresh_days[0]} d", fresh_index),
-    ]
-    models = [search_model(index) for _, index in decodings]
+def _compare_decodings(decodings, models, histories, target_ids, catalogue_index, eligible_ids,
+                       length, beam, print_fn) -> list[dict]:  # fmt: skip
+    """Validity, eligibility, Recall@10 and time per step of each decoding
+    (`(name, index)`) on held-out users; printed as a table."""
     rows = []
+    fresh_target = np.isin(target_ids, list(eligible_ids))
     for (name, index), model in zip(decodings, models):
-        out = decode(model, test_histories)
+        out = _decode(model, histories)
         tokens = out["tokens"].reshape(-1, length)
         returned = tokens[:, 0] >= 0
         item_ids = catalogue_index.lookup_item_ids(tokens)
@@ -201,14 +265,13 @@ def run_demo(
             raise DemoFailure(f"{name}: item ids disagree with the index")
         valid = item_ids[returned] >= 0
         eligible = np.isin(item_ids[returned], list(eligible_ids))
-        hits = _recall(ids[test_targets], item_ids.reshape(-1, 10), k=10)
-        fresh_target = np.isin(ids[test_targets], list(eligible_ids))
+        hits = _recall(target_ids, item_ids.reshape(-1, 10), k=10)
         rows.append(
             dict(name=name, valid=float(valid.mean()), eligible=float(eligible.mean()),
                  recall_at_10=float(hits.mean()),
                  recall_at_10_fresh_targets=float(hits[fresh_target].mean()))
         )  # fmt: skip
-    for row, times in zip(rows, _interleaved_times(models, test_histories[:TIMED_USERS])):
+    for row, times in zip(rows, _interleaved_times(models, histories[:TIMED_USERS])):
         ms = 1e3 * np.asarray(times) / length
         p25, p75 = np.percentile(ms, [25, 75])
         row.update(
@@ -227,157 +290,4 @@ def run_demo(
              f"{TIMING_ROUNDS} rounds that time the three in turn)")  # fmt: skip
     if rows[1]["valid"] != 1.0 or rows[2]["valid"] != 1.0 or rows[2]["eligible"] != 1.0:
         raise DemoFailure("constrained decoding returned an invalid or ineligible item")
-
-    # 5. Cold start -----------------------------------------------------------------
-    cold_histories, cold_targets = make_users(
-        world, 4 * cfg["test_users"], HISTORY, cold_targets=True, seed=seed + 3
-    )
-    cold_histories = history_tokens(cold_histories)
-    everything = index_of(np.arange(world.num_items))
-    free = decode(search_model(None), cold_histories)
-    free_top1 = everything.lookup_item_ids(free["tokens"][:, 0])
-    pool = decode(search_model(index_of(cold)), cold_histories)
-    cold_start = dict(
-        items=len(cold),
-        users=len(cold_targets),
-        unconstrained_recall_at_1=float(_recall(ids[cold_targets], free_top1[:, None], k=1).mean()),
-        constrained_recall_at_1=float(_recall(ids[cold_targets], pool["item_ids"], k=1).mean()),
-    )
-    print_fn(f"\ncold start ({len(cold):,} new items): Recall@1 unconstrained "
-             f"{cold_start['unconstrained_recall_at_1']:.1%}, constrained to the pool "
-             f"{cold_start['constrained_recall_at_1']:.1%}")  # fmt: skip
-
-    # 6. Regions and histories: one index, per-request sets and exclusions -----------
-    regions = _regions_and_histories(
-        world, catalogue_index, ids[catalogue], decoder, beam, test_histories, test_items, print_fn
-    )
-
-    results = dict(
-        num_items=world.num_catalogue, length=length, vocab_size=vocab,
-        index_bytes=catalogue_index.nbytes, build_ms=build_ms,
-        decoder_parameters=int(sum(np.prod(w.shape) for w in decoder.weights)),
-        train_seconds=train_seconds, epochs=cfg["epochs"], test_users=cfg["test_users"],
-        beam_size=beam, timed_users=TIMED_USERS, timing_rounds=TIMING_ROUNDS, decoding=rows,
-        cold_start=cold_start, regions=regions,
-    )  # fmt: skip
-
-    # 7. Serve and hot-swap ---------------------------------------------------------
-    if serve:
-        days = fresh_days[1]
-        newer = catalogue[world.days_ago[catalogue] < days]
-        results["hot_swap"] = _serve_and_swap(
-            search_model(fresh_index), index_of(newer), test_histories[:16],
-            fresh_days, set(ids[newer].tolist()), print_fn,
-        )  # fmt: skip
-
-    files = write_report(out_dir, results)
-    results["seconds"] = time.perf_counter() - started
-    print_fn(f"\nwrote {', '.join(os.path.join(out_dir, f) for f in files)} "
-             f"({results['seconds']:.0f} s in all)")  # fmt: skip
-    return results
-
-
-def _regions_and_histories(
-    world, index, catalogue_ids, decoder, beam, histories, history_items, print_fn
-) -> list[dict]:
-    """Decodes `REGION_USERS` users per region in one batch with one layer:
-    each row names its region's eligibility set and excludes its history.
-    Returns per region the share of results in the region and the history
-    hits, with and without the per-request constraints."""
-    in_region = {
-        name: (world.regions[catalogue_ids - 1] >> bit) & 1 == 1 for bit, name in enumerate(REGIONS)
-    }
-    sets = EligibilitySets.build(index, {n: catalogue_ids[m] for n, m in in_region.items()})
-    layer = ConstrainedDecoding(index, eligibility=sets)
-    search = ConstrainedBeamSearch(constraint=layer, decoder=decoder, beam_size=beam,
-                                   num_results=10)  # fmt: skip
-    users = np.arange(len(REGIONS) * REGION_USERS)
-    set_ids = (users // REGION_USERS).astype(np.int32)  # region r: users r*32 ... r*32+31
-    excluded = sets.catalogue.exclusion_members(history_items[users])
-    plain = search(histories[users])["item_ids"]
-    constrained = search(histories[users], set_ids, excluded)["item_ids"]
-    rows = []
-    for region, name in enumerate(REGIONS):
-        row = dict(region=name, users=REGION_USERS)
-        for label, out in (("plain", plain), ("constrained", constrained)):
-            items = np.asarray(out)[set_ids == region]
-            history = history_items[users[set_ids == region]]
-            returned = items >= 0
-            eligible = np.isin(items, catalogue_ids[in_region[name]]) & returned
-            repeats = (items[:, :, None] == history[:, None, :]).any(-1) & returned
-            row[f"{label}_results"] = int(returned.sum())
-            row[f"{label}_eligible"] = float(eligible.sum() / max(returned.sum(), 1))
-            row[f"{label}_history_hits"] = int(repeats.sum())
-        rows.append(row)
-    print_fn(f"\nregions and histories: one index, {len(REGIONS)} eligibility sets "
-             f"({sets.bits_per_member:.2f} bits per member each), {REGION_USERS} users per "
-             f"region, each excluding its {HISTORY}-item history")  # fmt: skip
-    for row in rows:
-        without = f"{row['plain_eligible']:.0%}, {row['plain_history_hits']}"
-        print_fn(f"  {row['region']:<5} in region {row['constrained_eligible']:.0%}, history "
-                 f"hits {row['constrained_history_hits']} (without the per-request "
-                 f"constraints: {without})")  # fmt: skip
-    for row in rows:
-        if (
-            row["constrained_eligible"] != 1.0
-            or row["constrained_history_hits"]
-            or row["constrained_results"] != 10 * REGION_USERS
-        ):
-            raise DemoFailure(f"region {row['region']}: a result outside the region or a repeat")
     return rows
-
-
-def _serve_and_swap(model, newer_index, histories, fresh_days, newer_ids, print_fn) -> dict:
-    from static_keras.export import publish
-    from static_keras.export import replace_index
-    from static_keras.serving import GrpcClient
-    from static_keras.serving import ServedModel
-    from static_keras.serving import ServingError
-    from static_keras.serving.dev_server import DevServer
-
-    with tempfile.TemporaryDirectory() as base:
-        first = publish(model, base, warmup_batch_sizes=(len(histories),), model_name="recs")
-        print_fn(f"\npublished version {first.version} (fresh < {fresh_days[0]} d) "
-                 f"in {first.seconds:.1f} s")  # fmt: skip
-        answers, failures, stop = [], [], threading.Event()
-        with DevServer([ServedModel("recs", base)], poll_seconds=0.2) as server:
-            client = GrpcClient(server.grpc_address, timeout=60)
-            before = client.predict("recs", {"history": histories})
-
-            def load():
-                deadline = time.monotonic() + 120
-                while not stop.is_set() and time.monotonic() < deadline:
-                    try:
-                        answers.append(client.predict("recs", {"history": histories}))
-                    except ServingError as error:
-                        failures.append(str(error))
-
-            worker = threading.Thread(target=load)
-            worker.start()
-            second = publish(
-                replace_index(model, newer_index), base,
-                warmup_batch_sizes=(len(histories),), model_name="recs",
-            )  # fmt: skip
-            server.wait_for_version("recs", second.version)
-            after = client.predict("recs", {"history": histories})
-            stop.set()
-            worker.join()
-            client.close()
-        versions = {answer["model_version"] for answer in answers} | {
-            before["model_version"],
-            after["model_version"],
-        }
-        changed = float(np.mean(np.any(before["item_ids"] != after["item_ids"], axis=1)))
-        returned = after["item_ids"][after["item_ids"] >= 0]
-        swap = dict(
-            v1_days=fresh_days[0], v2_days=fresh_days[1], requests=len(answers),
-            failures=len(failures), versions=sorted(versions), changed_share=changed,
-        )  # fmt: skip
-        print_fn(f"published version {second.version} (fresh < {fresh_days[1]} d) under load: "
-                 f"{len(answers)} requests, {len(failures)} failed, versions served "
-                 f"{sorted(versions)}; answers changed for {changed:.0%} of users")  # fmt: skip
-        if failures or versions != {1, 2}:
-            raise DemoFailure(f"hot swap failed: {failures[:3]} versions {sorted(versions)}")
-        if not set(returned.tolist()) <= newer_ids:
-            raise DemoFailure("version 2 returned items outside its freshness window")
-    return swap

@@ -28,7 +28,7 @@ import keras
 import numpy as np
 
 from static_keras.decoding.constrained_beam_search import ConstrainedBeamSearch
-from static_keras.demo.generative_retrieval import DemoFailure
+from static_keras.demo.demo_failure import DemoFailure
 from static_keras.demo.string_report import write_strings_report
 from static_keras.demo.tool_questions import make_tool_questions
 from static_keras.layers.cached_transformer_decoder import CachedTransformerDecoder

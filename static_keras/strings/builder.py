@@ -102,36 +102,13 @@ def build_string_arrays(
         `(layout, arrays, host_arrays, stats)`.
     """
     clock = {"start": time.perf_counter()}
-    if not isinstance(vocabulary, TokenVocabulary):
-        raise ValueError(
-            f"`vocabulary` must be a TokenVocabulary. Received: {type(vocabulary).__name__}"
-        )
+    eos = _checked_arguments(vocabulary, eos_token_id, max_length)
     vocab_size = vocabulary.vocab_size
-    if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, (int, np.integer)):
-        raise ValueError(f"`eos_token_id` must be an int. Received: eos_token_id={eos_token_id!r}")
-    eos = int(eos_token_id)
-    if not 0 <= eos < vocab_size:
-        raise ValueError(
-            f"`eos_token_id`={eos} is outside the vocabulary of {vocab_size} tokens "
-            f"(ids 0 .. {vocab_size - 1})"
-        )
-    if max_length is not None and (
-        isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer))
-    ):
-        raise ValueError(f"`max_length` must be an int or None. Received: {max_length!r}")
-    if max_length is not None and max_length < 2:
-        raise ValueError(f"`max_length` must be at least 2. Received: max_length={max_length}")
     encoded = encode_strings(strings)
 
     # 1. The byte trie of the distinct strings, in preorder.
-    unique, first, _ = sort_unique(encoded)
-    num_members = len(unique)
-    lengths = np.fromiter(map(len, unique), np.int64, num_members)
-    offsets = np.zeros(num_members + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.frombuffer(b"".join(unique), np.uint8)
-    byte, _, subtree_end, member_node = kernels.preorder_trie(flat, offsets)
-    num_nodes = int(byte.size)
+    first, byte, subtree_end, member_node = _byte_trie(encoded)
+    num_members, num_nodes = len(first), int(byte.size)
     member_of = np.full(num_nodes, -1, np.int32)
     member_of[member_node] = np.arange(num_members, dtype=np.int32)
     clock["string_trie"] = time.perf_counter()
@@ -155,38 +132,9 @@ def build_string_arrays(
     # 3. Dead ends, and the step counts (range and window) of each state.
     alive, lo, hi, window = kernels.live_states(indptr, dst)
     reached = hi >= 0
-    if not reached[member_node].all():
-        bad = np.flatnonzero(~reached[member_node])
-        names = ", ".join(repr(encoded[first[m]].decode("utf-8", "replace")) for m in bad[:_SHOW])
-        hint = ""
-        if vocabulary.text_tokens[eos]:
-            hint = (
-                f"; note that `eos_token_id`={eos} is the text token "
-                f"{vocabulary.token_bytes[eos]!r}, which is never allowed as text once it "
-                "ends answers (pass the tokenizer's end-of-sequence token)"
-            )
-        raise ValueError(
-            f"{bad.size} of the {num_members} strings cannot be spelled by any token "
-            f"sequence of this vocabulary (a byte without a token, or only special "
-            f"tokens): {names}{' ...' if bad.size > _SHOW else ''}{hint}"
-        )
+    _require_spellable(reached[member_node], encoded, first, vocabulary, eos)
     clock["prune"] = time.perf_counter()
-
-    # Steps: members finish at step k (k tokens, then EOS at step k).
-    first_step = lo[member_node].astype(np.int64)  # shortest tokenization
-    last_step = hi[member_node].astype(np.int64)  # longest tokenization
-    needed = int(last_step.max()) + 1
-    if max_length is None:
-        max_length = needed
-    elif int(first_step.max()) + 1 > max_length:
-        bad = np.flatnonzero(first_step + 1 > max_length)
-        names = ", ".join(repr(encoded[first[m]].decode("utf-8", "replace")) for m in bad[:_SHOW])
-        raise ValueError(
-            f"`max_length`={max_length} is too short for {bad.size} strings, whose "
-            f"shortest tokenization plus EOS takes up to {int(first_step.max()) + 1} "
-            f"steps: {names}{' ...' if bad.size > _SHOW else ''}"
-        )
-    max_length = int(max_length)
+    max_length = _settled_length(lo[member_node], hi[member_node], max_length, encoded, first)
 
     # 4. Renumber: live trie states in preorder, then one accept state per member.
     live = reached & alive
@@ -219,25 +167,113 @@ def build_string_arrays(
         "next_states": next_state.astype(shapes["next_states"][1]),
         "member_item_ids": first.astype(np.int32),
     }
-    lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
-    string_offsets = np.zeros(len(encoded) + 1, np.int64)
-    np.cumsum(lengths, out=string_offsets[1:])
-    host_arrays = {
-        "string_data": np.frombuffer(b"".join(encoded), np.uint8).copy(),
-        "string_offsets": string_offsets,
-    }
-    names = ["string_trie", "vocabulary_trie", "join", "prune", "widths"]
-    previous, seconds = clock["start"], {}
-    for name in names:
-        seconds[name] = clock[name] - previous
-        previous = clock[name]
-    seconds["total"] = previous - clock["start"]
     stats = BuildStats(
         num_strings=len(encoded),
         num_members=num_members,
         trie_nodes=num_nodes,
         trie_states=num_trie_states,
         join_edges=join_edges,
-        seconds=seconds,
+        seconds=_phase_seconds(clock),
     )
-    return layout, arrays, host_arrays, stats
+    return layout, arrays, _host_arrays(encoded), stats
+
+
+def _checked_arguments(vocabulary, eos_token_id, max_length) -> int:
+    """The EOS token id, after a clear error for any bad argument."""
+    if not isinstance(vocabulary, TokenVocabulary):
+        raise ValueError(
+            f"`vocabulary` must be a TokenVocabulary. Received: {type(vocabulary).__name__}"
+        )
+    vocab_size = vocabulary.vocab_size
+    if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, (int, np.integer)):
+        raise ValueError(f"`eos_token_id` must be an int. Received: eos_token_id={eos_token_id!r}")
+    eos = int(eos_token_id)
+    if not 0 <= eos < vocab_size:
+        raise ValueError(
+            f"`eos_token_id`={eos} is outside the vocabulary of {vocab_size} tokens "
+            f"(ids 0 .. {vocab_size - 1})"
+        )
+    if max_length is not None and (
+        isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer))
+    ):
+        raise ValueError(f"`max_length` must be an int or None. Received: {max_length!r}")
+    if max_length is not None and max_length < 2:
+        raise ValueError(f"`max_length` must be at least 2. Received: max_length={max_length}")
+    return eos
+
+
+def _byte_trie(encoded):
+    """`(first, byte, subtree_end, member_node)`: each distinct string's first
+    position in `encoded` (members in sorted order), and the preorder byte
+    trie of the distinct strings (`kernels.preorder_trie`)."""
+    unique, first, _ = sort_unique(encoded)
+    lengths = np.fromiter(map(len, unique), np.int64, len(unique))
+    offsets = np.zeros(len(unique) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.frombuffer(b"".join(unique), np.uint8)
+    byte, _, subtree_end, member_node = kernels.preorder_trie(flat, offsets)
+    return first, byte, subtree_end, member_node
+
+
+def _names(encoded, first, bad) -> str:
+    """The first few of the members `bad`, as the caller wrote them."""
+    names = ", ".join(repr(encoded[first[m]].decode("utf-8", "replace")) for m in bad[:_SHOW])
+    return names + (" ..." if bad.size > _SHOW else "")
+
+
+def _require_spellable(reached, encoded, first, vocabulary, eos: int) -> None:
+    """ValueError naming the members no token sequence spells (`reached`:
+    bool per member, whether its accept node is reachable)."""
+    if reached.all():
+        return
+    bad = np.flatnonzero(~reached)
+    hint = ""
+    if vocabulary.text_tokens[eos]:
+        hint = (
+            f"; note that `eos_token_id`={eos} is the text token "
+            f"{vocabulary.token_bytes[eos]!r}, which is never allowed as text once it "
+            "ends answers (pass the tokenizer's end-of-sequence token)"
+        )
+    raise ValueError(
+        f"{bad.size} of the {len(first)} strings cannot be spelled by any token "
+        f"sequence of this vocabulary (a byte without a token, or only special "
+        f"tokens): {_names(encoded, first, bad)}{hint}"
+    )
+
+
+def _settled_length(first_step, last_step, max_length, encoded, first) -> int:
+    """The steps of a decode: members finish at step k (k tokens, then EOS
+    at step k); by default room for every member's longest tokenization,
+    and a given `max_length` must fit every member's shortest."""
+    first_step = first_step.astype(np.int64)  # shortest tokenization
+    if max_length is None:
+        return int(last_step.max()) + 1  # longest tokenization
+    if int(first_step.max()) + 1 > max_length:
+        bad = np.flatnonzero(first_step + 1 > max_length)
+        raise ValueError(
+            f"`max_length`={max_length} is too short for {bad.size} strings, whose "
+            f"shortest tokenization plus EOS takes up to {int(first_step.max()) + 1} "
+            f"steps: {_names(encoded, first, bad)}"
+        )
+    return int(max_length)
+
+
+def _host_arrays(encoded) -> dict:
+    """The strings as given (one byte array and offsets), kept on the host."""
+    lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+    string_offsets = np.zeros(len(encoded) + 1, np.int64)
+    np.cumsum(lengths, out=string_offsets[1:])
+    return {
+        "string_data": np.frombuffer(b"".join(encoded), np.uint8).copy(),
+        "string_offsets": string_offsets,
+    }
+
+
+def _phase_seconds(clock) -> dict:
+    """Seconds per build phase, from the clock readings after each, and in all."""
+    previous, seconds = clock["start"], {}
+    for name in ["string_trie", "vocabulary_trie", "join", "prune", "widths"]:
+        seconds[name] = clock[name] - previous
+        previous = clock[name]
+    seconds["total"] = previous - clock["start"]
+    return seconds
