@@ -17,6 +17,9 @@ which `build()` fills):
   which derives weights from the sets;
 - for eligibility sets, its member ranges (`_member_range_*`).
 
+Which part answers a step is `AutomatonStep`'s choice
+(`layers/automaton_step.py`); the public step methods here forward to it.
+
 Steps. A Python int `step` is the fast path: every step has its own static
 width `B_t` (what the unrolled beam search uses). A scalar int tensor or
 None (any decode loop: `ops.while_loop`, `tf.function`, `jax.jit`, a
@@ -34,9 +37,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from static_keras.constants import INVALID_STATE
 from static_keras.constants import MASKED_LOGIT
-from static_keras.constants import PAD_TOKEN
 from static_keras.index import archive
 from static_keras.index.automaton import TokenAutomaton
 from static_keras.index.eligibility import EligibilitySets
@@ -44,11 +45,11 @@ from static_keras.index.member_catalogue import MemberCatalogue
 from static_keras.index.member_catalogue import catalogue_fingerprint
 from static_keras.layers import eligibility_request
 from static_keras.layers import gather
+from static_keras.layers.automaton_step import AutomatonStep
 from static_keras.layers.decoding_constraint import DecodingConstraint
 from static_keras.layers.decoding_constraint import StepProposal
 from static_keras.layers.eligibility_filter import EligibilityFilter
 from static_keras.layers.sparse_step import SparseStep
-from static_keras.layers.step_argument import static_step
 
 __all__ = ["AutomatonConstraint", "ConstraintParts", "constraint_for"]
 
@@ -179,6 +180,10 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         self.dense_head = parts.dense_head
         self.dense_eligibility = parts.dense_eligibility
         self.sparse_step = SparseStep(self.transitions, self.index_weights)
+        self.automaton_step = AutomatonStep(
+            layout, parts, self.sparse_step, self.caps_sparse_steps,
+            self.check_eligibility, self._sparse_keep,
+        )  # fmt: skip
         self._pending_index = index
         self.build()
 
@@ -389,17 +394,6 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
     def has_item_ids(self) -> bool:
         return self.layout.has_item_ids
 
-    def num_candidates(self, step=None, top_k: int | None = None) -> int:
-        """K_t: candidates per row returned at `step` (the widest for a tensor
-        step or None)."""
-        t = self._static_step(step)
-        if t is None:
-            return max(self.num_candidates(u, top_k) for u in range(self.layout.length))
-        width = self.layout.step_widths[t]
-        if top_k is not None and self._caps_step(t):
-            return max(1, min(int(top_k), width))
-        return width
-
     # Decoding ----------------------------------------------------------------
 
     def call(self, logits, states, step=None, mode: str = "candidates", top_k=None,
@@ -409,6 +403,11 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         if mode == "mask":
             return self.mask_logits(logits, states, step, eligibility=eligibility)
         raise ValueError(f"`mode` must be 'candidates' or 'mask'. Received: mode={mode!r}")
+
+    def num_candidates(self, step=None, top_k: int | None = None) -> int:
+        """K_t: candidates per row returned at `step` (the widest for a tensor
+        step or None)."""
+        return self.automaton_step.num_candidates(step, top_k)
 
     def candidates(self, logits, states, step=None, top_k: int | None = None, eligibility=None):
         """`(scores, tokens, next_states)`, each `[R, K_t]`; see the class doc.
@@ -420,51 +419,21 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         lies below its next state. Filtered before `top_k`, so the kept
         candidates are the best eligible ones. Needs eligibility sets.
         """
-        t = self._static_step(step)
-        logits = ops.cast(logits, "float32")
-        states = ops.cast(states, "int32")
-        k = self.num_candidates(t, top_k)
-        if eligibility is not None:
-            eligibility = self.check_eligibility(eligibility, ops.shape(states)[0])
-        if t is not None and self._is_dense(t):
-            found = self.dense_head.candidates(logits, states, t, k, k, eligibility)
-        else:
-            caps = t is None or self._caps_step(t)
-            keep = self._sparse_keep_fn(eligibility, t)
-            found = self.sparse_step.candidates(logits, states, t, k, caps, keep)
-            if t is None and self.layout.dense_levels:
-                # Dense rows keep at most `top_k` of the (wider) k slots.
-                cap = k if top_k is None else max(1, min(int(top_k), k))
-                dense = self.dense_head.candidates(logits, states, None, k, cap, eligibility)
-                here = ops.expand_dims(self.dense_head.in_head(states), 1)
-                found = [ops.where(here, d, s) for d, s in zip(dense, found)]
-        scores, tokens, next_states, ok = found
-        ok = ops.logical_and(ok, ops.greater(next_states, INVALID_STATE))
-        ok = ops.logical_and(ok, ops.greater(scores, -np.inf))
-        scores = ops.where(ok, scores, -np.inf)
-        tokens = ops.where(ok, tokens, PAD_TOKEN)
-        next_states = ops.where(ok, next_states, INVALID_STATE)
-        return scores, tokens, next_states
+        return self.automaton_step.candidates(logits, states, step, top_k, eligibility)
 
     def propose(self, log_probs, states, step, top_k, *, eligibility=None,
                 need_next_states=False, rank_rows=False) -> StepProposal:  # fmt: skip
         """`DecodingConstraint.propose`: at a dense-head int step, the whole
         masked vocabulary (where the search ranks whole rows) or candidates
         without next states; elsewhere `candidates`."""
-        if top_k is None or rank_rows:
-            scores = self.vocabulary_scores(log_probs, states, step, eligibility)
-            if scores is not None:
-                return StepProposal(scores, needs_cap=top_k is not None)
-        t = self._static_step(step)
-        if rank_rows and t is not None and self._caps_step(t):
-            found = self.candidates(log_probs, states, step, top_k=None, eligibility=eligibility)
-            return StepProposal(*found, needs_cap=True)
-        if not need_next_states:
-            found = self.candidate_tokens(log_probs, states, step, top_k, eligibility)
-            if found is not None:
-                return StepProposal(*found)
-        return StepProposal(
-            *self.candidates(log_probs, states, step, top_k=top_k, eligibility=eligibility)
+        return self.automaton_step.propose(
+            log_probs,
+            states,
+            step,
+            top_k,
+            eligibility=eligibility,
+            need_next_states=need_next_states,
+            rank_rows=rank_rows,
         )
 
     def candidate_tokens(self, logits, states, step=None, top_k: int | None = None,
@@ -473,36 +442,13 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         next states are reads of the dense state map (one per candidate:
         `advance` the survivors instead); None elsewhere. `eligibility`: as
         in `candidates`."""
-        found = self._mask_row_step(states, step, eligibility)
-        if found is None:
-            return None
-        t, states, eligibility = found
-        k = self.num_candidates(t, top_k)
-        logits = ops.cast(logits, "float32")
-        scores, tokens, ok = self.dense_head.top_k(logits, states, t, k, k, eligibility)
-        ok = ops.logical_and(ok, ops.greater(scores, -np.inf))
-        return ops.where(ok, scores, -np.inf), ops.where(ok, tokens, PAD_TOKEN)
+        return self.automaton_step.candidate_tokens(logits, states, step, top_k, eligibility)
 
     def vocabulary_scores(self, log_probs, states, step, eligibility=None):
         """`[R, V]` scores, `-inf` where disallowed, at a dense-head int step;
         None elsewhere (`propose` then uses `candidates`).
         `eligibility`: as in `candidates`."""
-        found = self._mask_row_step(states, step, eligibility)
-        if found is None:
-            return None
-        t, states, eligibility = found
-        allowed = self.dense_head.allowed(states, t, eligibility)
-        return ops.where(allowed, ops.cast(log_probs, "float32"), -np.inf)
-
-    def _mask_row_step(self, states, step, eligibility):
-        """`(t, states, eligibility)` set out for a dense int step read from
-        mask rows, or None for any other step."""
-        t = self._static_step(step)
-        if t is None or not self._is_dense(t) or self.dense_head.reads_edge_rows(t, eligibility):
-            return None
-        if eligibility is not None:
-            eligibility = self.check_eligibility(eligibility, ops.shape(states)[0])
-        return t, ops.cast(states, "int32"), eligibility
+        return self.automaton_step.vocabulary_scores(log_probs, states, step, eligibility)
 
     def allowed_mask(self, states, step=None, eligibility=None):
         """bool `[R, V]`: the allowed next tokens of each row.
@@ -510,24 +456,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         `eligibility`: as in `candidates`; then only tokens whose next state
         has an eligible, non-excluded member below are allowed.
         """
-        t = self._static_step(step)
-        states = ops.cast(states, "int32")
-        if eligibility is not None:
-            eligibility = self.check_eligibility(eligibility, ops.shape(states)[0])
-        if t is not None and self._is_dense(t):
-            return self.dense_head.allowed(states, t, eligibility)
-        keep = self._sparse_keep_fn(eligibility, t)
-        allowed = self.sparse_step.allowed(states, t, self.layout.vocab_size, keep)
-        if t is None and self.layout.dense_levels:
-            here = ops.expand_dims(self.dense_head.in_head(states), 1)
-            allowed = ops.where(here, self.dense_head.allowed(states, None, eligibility), allowed)
-        return allowed
-
-    def mask_logits(self, logits, states, step=None, eligibility=None):
-        """float32 `[R, V]`: `logits` with disallowed tokens set to `MASKED_LOGIT`
-        (`eligibility`: as in `allowed_mask`)."""
-        allowed = self.allowed_mask(states, step, eligibility)
-        return ops.where(allowed, ops.cast(logits, "float32"), MASKED_LOGIT)
+        return self.automaton_step.allowed_mask(states, step, eligibility)
 
     def advance(self, states, tokens, step=None):
         """int32 `[R]`: the state after appending `tokens [R]`.
@@ -535,17 +464,13 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         A token that is not allowed gives `INVALID_STATE`. The sparse part is
         a branch-free binary search in each row's sorted tokens (`SparseStep`).
         """
-        t = self._static_step(step)
-        states = ops.cast(states, "int32")
-        tokens = ops.cast(tokens, "int32")
-        if t is not None and self._is_dense(t):
-            return self.dense_head.advance(states, tokens, t)
-        next_states = self.sparse_step.advance(states, tokens, t)
-        if t is None and self.layout.dense_levels:
-            here = self.dense_head.in_head(states)
-            dense = self.dense_head.advance(states, tokens, None)
-            next_states = ops.where(here, dense, next_states)
-        return next_states
+        return self.automaton_step.advance(states, tokens, step)
+
+    def mask_logits(self, logits, states, step=None, eligibility=None):
+        """float32 `[R, V]`: `logits` with disallowed tokens set to `MASKED_LOGIT`
+        (`eligibility`: as in `allowed_mask`)."""
+        allowed = self.allowed_mask(states, step, eligibility)
+        return ops.where(allowed, ops.cast(logits, "float32"), MASKED_LOGIT)
 
     def is_finished(self, states):
         """bool: whether each state completes a member (a leaf of a semantic-ID
@@ -572,13 +497,6 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         exists (they read the weight groups, which `build()` fills)."""
         raise NotImplementedError
 
-    def _is_dense(self, step: int) -> bool:
-        return step < self.layout.dense_levels
-
-    def _caps_step(self, step: int) -> bool:
-        """Whether `top_k` caps the candidates of int `step`."""
-        return self._is_dense(step) or self.caps_sparse_steps
-
     def _member_range_shapes(self) -> dict[str, tuple[int, ...]]:
         """int32 weights `member_ranges` reads, by name (with eligibility sets)."""
         raise NotImplementedError
@@ -590,19 +508,6 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
     def _member_ranges(self, states, depth):
         """`(lo, hi)` int32 of int32 `states`; `depth` an int or None (mixed)."""
         raise NotImplementedError
-
-    def _sparse_keep_fn(self, eligibility, step):
-        """`edges -> bool [R, B]` for `SparseStep`: the slots whose target keeps
-        an eligible member; None when every slot does (no request, or
-        entered rows whose children hold all their members)."""
-        if eligibility is None:
-            return None
-        if eligibility.entered and self.transitions.same_members(step):
-            return None
-        return lambda edges: self._sparse_keep(eligibility, edges, step)
-
-    def _static_step(self, step) -> int | None:
-        return static_step(step, self.layout.length)
 
 
 def _device_dtype(dtype: np.dtype) -> str:
