@@ -11,7 +11,7 @@ from keras import ops
 
 from static_keras.constants import INVALID_STATE
 from static_keras.constants import PAD_TOKEN
-from static_keras.index.builder import validate_sequences
+from static_keras.index.input_checks import validate_sequences
 
 
 def sorted_unique(sequences, vocab_size: int) -> np.ndarray:

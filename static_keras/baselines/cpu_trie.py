@@ -11,7 +11,7 @@ from keras import ops
 from static_keras.baselines._common import check_step
 from static_keras.baselines._common import num_candidates
 from static_keras.baselines._common import pad_invalid
-from static_keras.index.builder import validate_sequences
+from static_keras.index.input_checks import validate_sequences
 from static_keras.layers.decoding_constraint import DecodingConstraint
 
 _LEAF = -1  # child id stored for a last token: leaves hold no dict

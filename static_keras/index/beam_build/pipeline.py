@@ -44,9 +44,9 @@ from static_keras.index.beam_build.merge import plan_layout
 from static_keras.index.beam_build.shards import ShardSpec
 from static_keras.index.beam_build.shards import read_blocks
 from static_keras.index.builder import DEFAULT_DENSE_BUDGET_BYTES
-from static_keras.index.builder import check_duplicate_policy
-from static_keras.index.builder import check_vocab_size
 from static_keras.index.builder import resolve_dense_levels
+from static_keras.index.input_checks import check_duplicate_policy
+from static_keras.index.input_checks import check_vocab_size
 from static_keras.index.layout import token_dtype
 from static_keras.index.static_index import StaticIndex
 

@@ -27,8 +27,8 @@ import itertools
 
 import numpy as np
 
-from static_keras.index.builder import validate_item_ids
-from static_keras.index.builder import validate_sequences
+from static_keras.index.input_checks import validate_item_ids
+from static_keras.index.input_checks import validate_sequences
 
 FORMATS = ("parquet", "tfrecord", "csv")
 _SUFFIXES = {
