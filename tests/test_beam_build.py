@@ -421,17 +421,17 @@ def test_failed_pipeline_names_the_step_and_keeps_the_old_index(tmp_path, monkey
 
 
 def test_a_lost_partition_fails_the_build(tmp_path, monkeypatch):
-    from static_keras.index.beam_build import pipeline
+    from static_keras.index.beam_build import transforms
 
     rows = random_rows(24, 200, vocab=8, length=3)
     sources = write_parquet(tmp_path / "in", rows, files=2)
-    process = pipeline._BuildTail.process
+    process = transforms.BuildTail.process
 
     def loses_key_zero(self, element):
         if element[0] != 0:
             yield from process(self, element)
 
-    monkeypatch.setattr(pipeline._BuildTail, "process", loses_key_zero)
+    monkeypatch.setattr(transforms.BuildTail, "process", loses_key_zero)
     with pytest.raises(PipelineFailed, match=r"read 200 rows but its partitions hold 1\d\d"):
         build_index_beam(sources, 8, tmp_path / "index.npz", partition_levels=1)
     assert os.listdir(tmp_path) == ["in"]

@@ -22,48 +22,27 @@ naming the step when the runner says which one.
 from __future__ import annotations
 
 import dataclasses
-import io
-import json
 import os
 import re
-import tempfile
-import threading
-import typing
-import uuid
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import GoogleCloudOptions
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.options.pipeline_options import StandardOptions
 
 from static_keras.index.beam_build import partitions
+from static_keras.index.beam_build import staging as staging_files
+from static_keras.index.beam_build import transforms
 from static_keras.index.beam_build.merge import merge_tails
 from static_keras.index.beam_build.merge import plan_layout
 from static_keras.index.beam_build.shards import ShardSpec
 from static_keras.index.beam_build.shards import read_blocks
+from static_keras.index.beam_build.staging import PipelineFailed
 from static_keras.index.builder import DEFAULT_DENSE_BUDGET_BYTES
 from static_keras.index.builder import resolve_dense_levels
 from static_keras.index.input_checks import check_duplicate_policy
 from static_keras.index.input_checks import check_vocab_size
-from static_keras.index.layout import token_dtype
 from static_keras.index.static_index import StaticIndex
-
-
-class PipelineFailed(RuntimeError):
-    """The Beam pipeline did not finish; no index was written."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    """What every worker needs to know (pickled into the DoFns)."""
-
-    spec: ShardSpec
-    partition_levels: int
-    on_duplicate_item: str
-    staging: str
-    shuffle: str
 
 
 def build_index_beam(
@@ -158,14 +137,14 @@ def build_index_beam(
     if not isinstance(pipeline_options, PipelineOptions):
         pipeline_options = PipelineOptions(list(pipeline_options or []))
     shuffle = _choose_shuffle(shuffle, pipeline_options)
-    staging = _make_staging(temp_location, pipeline_options, out)
-    plan = _Plan(spec, p, on_duplicate_item, staging, shuffle)
+    staging = staging_files.make_staging(temp_location, pipeline_options, out)
+    plan = transforms.Plan(spec, p, on_duplicate_item, staging, shuffle)
     try:
         report(f"reading 0/{len(files)} files", 0.0)
-        with _Watcher(plan, len(files), report):
+        with staging_files.Watcher(plan, len(files), report):
             _run(plan, files, pipeline_options)
-        _raise_first_error(staging)
-        keys, counts, widths = _read_summaries(staging, len(files), spec.length)
+        staging_files.raise_first_error(staging)
+        keys, counts, widths = staging_files.read_summaries(staging, len(files), spec.length)
         layout = plan_layout(
             keys,
             counts,
@@ -178,7 +157,7 @@ def build_index_beam(
         )
 
         def read_tail(j):
-            with FileSystems.open(_part_path(staging, keys[j])) as file:
+            with FileSystems.open(staging_files.part_path(staging, keys[j])) as file:
                 return partitions.from_bytes(file.read())
 
         def merged(j):
@@ -193,35 +172,36 @@ def build_index_beam(
         report("saved", 1.0)
         return index
     finally:
-        _remove(staging)
+        staging_files.remove(staging)
 
 
 # The pipeline ----------------------------------------------------------------
 
 
-def _run(plan: _Plan, files: list[str], options: PipelineOptions) -> None:
+def _run(plan: transforms.Plan, files: list[str], options: PipelineOptions) -> None:
     pipeline = beam.Pipeline(options=options)
     read = (
         pipeline
         | "Files" >> beam.Create(list(enumerate(files)))
         | "SpreadFiles" >> beam.Reshuffle()
-        | "ReadShards" >> beam.ParDo(_ReadShard(plan)).with_outputs("errors", main="rows")
+        | "ReadShards" >> beam.ParDo(transforms.ReadShard(plan)).with_outputs("errors", main="rows")
     )
     built = (
         read.rows
         | "GroupByPartition" >> beam.GroupByKey()
-        | "BuildTails" >> beam.ParDo(_BuildTail(plan)).with_outputs("errors", main="summaries")
+        | "BuildTails"
+        >> beam.ParDo(transforms.BuildTail(plan)).with_outputs("errors", main="summaries")
     )
     _ = (
         built.summaries
         | "CollectSummaries" >> beam.combiners.ToList()
-        | "WriteSummaries" >> beam.Map(_write_summaries, plan.staging)
+        | "WriteSummaries" >> beam.Map(staging_files.write_summaries, plan.staging)
     )
     _ = (
         (read.errors, built.errors)
         | "AllErrors" >> beam.Flatten()
         | "CollectErrors" >> beam.combiners.ToList()
-        | "WriteErrors" >> beam.Map(_write_errors, plan.staging)
+        | "WriteErrors" >> beam.Map(staging_files.write_errors, plan.staging)
     )
     try:
         result = pipeline.run()
@@ -230,120 +210,6 @@ def _run(plan: _Plan, files: list[str], options: PipelineOptions) -> None:
         raise PipelineFailed(f"The Beam pipeline failed; no index was written. {_describe(error)}")
     if state is not None and str(state) not in ("DONE", "PipelineState.DONE"):
         raise PipelineFailed(f"The Beam pipeline ended in state {state}; no index was written")
-
-
-class _ReadShard(beam.DoFn):
-    """(file index, path) -> (key, rows of that key), per block; bad rows to 'errors'.
-
-    With `shuffle="staged"` a block is written to the staging folder sorted
-    by key, and only `_Slice` references to its runs go through the shuffle.
-    """
-
-    def __init__(self, plan: _Plan):
-        self.plan = plan
-
-    def process(self, element):
-        file_index, path = element
-        spec, p, staged = self.plan.spec, self.plan.partition_levels, self.plan.shuffle == "staged"
-        seen, num_rows = set(), 0
-        try:
-            for block, (first_row, rows, item_ids) in enumerate(read_blocks(spec, path)):
-                order = None
-                if item_ids is not None:
-                    if first_row + len(rows) > 2**partitions.ROW_BITS:
-                        raise ValueError(f"{path}: more than 2**40 rows in one file")
-                    order = np.arange(first_row, first_row + len(rows), dtype=np.int64)
-                    order += file_index << partitions.ROW_BITS
-                num_rows += len(rows)
-                keys, rows, item_ids, order = partitions.sort_block(
-                    rows, item_ids, order, spec.vocab_size, p
-                )
-                if staged:
-                    name = f"block-{file_index:09d}-{block:06d}.bin"
-                    block_path = FileSystems.join(self.plan.staging, name)
-                    parts = [rows] + ([item_ids, order] if item_ids is not None else [])
-                    _write_bytes(block_path, b"".join(a.tobytes() for a in parts))
-                for key, start, stop in partitions.key_runs(keys):
-                    seen.add(key)
-                    if staged:
-                        yield key, _Slice(block_path, len(rows), start, stop)
-                    elif item_ids is None:
-                        yield key, (rows[start:stop], None, None)
-                    else:
-                        yield key, (rows[start:stop], item_ids[start:stop], order[start:stop])
-        except ValueError as error:
-            yield beam.pvalue.TaggedOutput("errors", (0, file_index, str(error)))
-        # A marker: this file's row count (checked against the partitions'),
-        # then its keys (for the progress display).
-        _write_bytes(
-            FileSystems.join(self.plan.staging, f"read-{file_index:09d}.npy"),
-            _npy_bytes(np.array([num_rows] + sorted(seen), dtype=np.int64)),
-        )
-
-
-class _Slice(typing.NamedTuple):
-    """Rows `[start, stop)` of a staged block of `rows` rows."""
-
-    path: str
-    rows: int
-    start: int
-    stop: int
-
-    def load(self, spec: ShardSpec):
-        """`(rows, item_ids, order)` of the slice, read from the staged block."""
-        dtype = token_dtype(spec.vocab_size)
-        row_bytes = spec.length * dtype.itemsize
-        count = self.stop - self.start
-        with FileSystems.open(self.path) as file:
-            file.seek(self.start * row_bytes)
-            rows = np.frombuffer(file.read(count * row_bytes), dtype=dtype)
-            if not spec.item_id_field:
-                return rows.reshape(count, spec.length), None, None
-            ids_at = self.rows * row_bytes
-            file.seek(ids_at + self.start * 8)
-            item_ids = np.frombuffer(file.read(count * 8), dtype=np.int64)
-            file.seek(ids_at + self.rows * 8 + self.start * 8)
-            order = np.frombuffer(file.read(count * 8), dtype=np.int64)
-        return rows.reshape(count, spec.length), item_ids, order
-
-
-class _BuildTail(beam.DoFn):
-    """(key, chunks) -> staged tail and (key, counts, widths); errors to 'errors'."""
-
-    def __init__(self, plan: _Plan):
-        self.plan = plan
-
-    def process(self, element):
-        key, chunks = element
-        plan = self.plan
-        chunks = (c.load(plan.spec) if isinstance(c, _Slice) else c for c in chunks)
-        try:
-            tail = partitions.build_tail(
-                chunks, plan.spec.vocab_size, plan.partition_levels, plan.on_duplicate_item
-            )
-        except ValueError as error:
-            yield beam.pvalue.TaggedOutput("errors", (1, key, str(error)))
-            return
-        _write_bytes(_part_path(plan.staging, key), partitions.to_bytes(tail))
-        yield key, tail["counts"], tail["widths"], int(tail["rows"])
-
-
-def _write_summaries(summaries, staging: str) -> None:
-    summaries = sorted(summaries, key=lambda s: s[0])
-    keys = np.array([s[0] for s in summaries], dtype=np.int64)
-    counts = np.array([s[1] for s in summaries], dtype=np.int64)
-    widths = np.array([s[2] for s in summaries], dtype=np.int64)
-    rows = np.array([s[3] for s in summaries], dtype=np.int64)
-    arrays = {"keys": keys, "counts": counts, "widths": widths, "rows": rows}
-    _write_bytes(FileSystems.join(staging, "summaries.npz"), partitions.to_bytes(arrays))
-
-
-def _write_errors(errors, staging: str) -> None:
-    text = json.dumps(sorted(errors))
-    _write_bytes(FileSystems.join(staging, "errors.json"), text.encode())
-
-
-# The launching side ----------------------------------------------------------
 
 
 def _match(patterns: list) -> list[str]:
@@ -385,86 +251,6 @@ def _choose_shuffle(shuffle: str, options: PipelineOptions) -> str:
     return "staged" if local else "rows"
 
 
-def _make_staging(temp_location, options: PipelineOptions, out: str) -> str:
-    temp_location = temp_location or options.view_as(GoogleCloudOptions).temp_location
-    if temp_location:
-        staging = FileSystems.join(temp_location, f"static-keras-{uuid.uuid4().hex}")
-        FileSystems.mkdirs(staging)
-        return staging
-    directory = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"No directory {directory!r} to write {out!r} into")
-    return tempfile.mkdtemp(prefix=".static-keras-beam-", dir=directory)
-
-
-def _part_path(staging: str, key) -> str:
-    return FileSystems.join(staging, f"part-{int(key):019d}.npz")
-
-
-def _raise_first_error(staging: str) -> None:
-    """ValueError of the first bad file (in path order), else of the first partition."""
-    with FileSystems.open(FileSystems.join(staging, "errors.json")) as file:
-        errors = json.loads(file.read().decode())
-    if not errors:
-        return
-    kind, _, message = errors[0]
-    others = sum(1 for e in errors if e[0] == kind) - 1
-    if others:
-        message += f" ({others} more {'files' if kind == 0 else 'partitions'} failed likewise)"
-    raise ValueError(message)
-
-
-def _read_summaries(staging: str, num_files: int, length: int):
-    with FileSystems.open(FileSystems.join(staging, "summaries.npz")) as file:
-        summary = partitions.from_bytes(file.read())
-    read = sum(int(_read_npy(path)[0]) for path in _list(FileSystems.join(staging, "read-*")))
-    built = int(summary["rows"].sum())
-    if read != built:  # a runner that lost or repeated work
-        raise PipelineFailed(
-            f"The Beam pipeline read {read} rows but its partitions hold {built}; "
-            "no index was written"
-        )
-    if summary["keys"].size == 0:
-        raise ValueError(
-            "`sequences` is empty: the valid set needs at least one sequence of at "
-            f"least one token. Received 0 rows in {num_files} files"
-        )
-    return summary["keys"], summary["counts"].reshape(-1, length + 1), summary["widths"]
-
-
-def _list(pattern: str) -> list[str]:
-    try:
-        return [m.path for m in FileSystems.match([pattern])[0].metadata_list]
-    except Exception:  # a folder being written or removed: try again later
-        return []
-
-
-def _remove(staging: str) -> None:
-    paths = _list(FileSystems.join(staging, "*"))
-    try:
-        if paths:
-            FileSystems.delete(paths)
-        FileSystems.delete([staging])
-    except Exception:  # nothing left to delete, or a filesystem without folders
-        pass
-
-
-def _write_bytes(path: str, data: bytes) -> None:
-    with FileSystems.create(path) as file:
-        file.write(data)
-
-
-def _read_npy(path: str) -> np.ndarray:
-    with FileSystems.open(path) as file:
-        return np.load(io.BytesIO(file.read()), allow_pickle=False)
-
-
-def _npy_bytes(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    return buffer.getvalue()
-
-
 def _describe(error: Exception) -> str:
     """One line: the failing step (when the runner names it) and the error."""
     text = str(error)
@@ -473,46 +259,3 @@ def _describe(error: Exception) -> str:
     last = lines[-1] if lines else ""
     where = f"Step {step[-1].split('/')[0]!r} failed: " if step else ""
     return f"{where}{type(error).__name__}: {last[:500]}"
-
-
-class _Watcher:
-    """Reports progress from the markers workers leave in the staging folder."""
-
-    def __init__(self, plan: _Plan, num_files: int, report, interval: float = 0.5):
-        self.plan, self.num_files, self.report = plan, num_files, report
-        self.interval = interval
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.keys: dict[str, np.ndarray] = {}
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
-        if exc[0] is None:
-            self._poll()
-
-    def _loop(self):
-        while not self.stop.wait(self.interval):
-            self._poll()
-
-    def _poll(self):
-        staging = self.plan.staging
-        read = _list(FileSystems.join(staging, "read-*"))
-        if len(read) < self.num_files:
-            self.report(
-                f"reading {len(read)}/{self.num_files} files", 0.4 * len(read) / self.num_files
-            )
-            return
-        for path in read:
-            if path not in self.keys:
-                try:
-                    self.keys[path] = _read_npy(path)[1:]
-                except Exception:  # still being written
-                    return
-        total = len(np.unique(np.concatenate(list(self.keys.values()))))
-        built = len(_list(FileSystems.join(staging, "part-*")))
-        self.report(f"partitions {built}/{total}", 0.4 + 0.4 * built / max(total, 1))
