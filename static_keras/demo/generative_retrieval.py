@@ -150,22 +150,8 @@ def run_demo(
     )  # fmt: skip
 
     # 5. Cold start: items uploaded after training
-    cold_histories, cold_targets = make_users(
-        world, 4 * cfg["test_users"], HISTORY, cold_targets=True, seed=seed + 3
-    )
-    cold_histories = history_tokens(cold_histories)
-    free = _decode(search_model(None), cold_histories)
-    free_top1 = index_of(np.arange(world.num_items)).lookup_item_ids(free["tokens"][:, 0])
-    pool = _decode(search_model(index_of(cold)), cold_histories)
-    cold_start = dict(
-        items=len(cold),
-        users=len(cold_targets),
-        unconstrained_recall_at_1=float(_recall(ids[cold_targets], free_top1[:, None], k=1).mean()),
-        constrained_recall_at_1=float(_recall(ids[cold_targets], pool["item_ids"], k=1).mean()),
-    )
-    print_fn(f"\ncold start ({len(cold):,} new items): Recall@1 unconstrained "
-             f"{cold_start['unconstrained_recall_at_1']:.1%}, constrained to the pool "
-             f"{cold_start['constrained_recall_at_1']:.1%}")  # fmt: skip
+    cold_start = _cold_start(world, cfg, seed, cold, ids, history_tokens, search_model, index_of,
+                             print_fn)  # fmt: skip
 
     # 6. Regions and histories: one index, per-request sets and exclusions
     regions = regions_and_histories(
@@ -214,6 +200,28 @@ def _semantic_ids(world, cfg, seed) -> np.ndarray:
     start = np.array([taken.get(tuple(row), 0) for row in codes[cold]])
     sids[cold] = disambiguate(codes[cold], start=start)
     return sids
+
+
+def _cold_start(world, cfg, seed, cold, ids, history_tokens, search_model, index_of, print_fn):
+    """Recall@1 of users whose next item was uploaded after training,
+    unconstrained and constrained to the pool of new items."""
+    cold_histories, cold_targets = make_users(
+        world, 4 * cfg["test_users"], HISTORY, cold_targets=True, seed=seed + 3
+    )
+    cold_histories = history_tokens(cold_histories)
+    free = _decode(search_model(None), cold_histories)
+    free_top1 = index_of(np.arange(world.num_items)).lookup_item_ids(free["tokens"][:, 0])
+    pool = _decode(search_model(index_of(cold)), cold_histories)
+    cold_start = dict(
+        items=len(cold),
+        users=len(cold_targets),
+        unconstrained_recall_at_1=float(_recall(ids[cold_targets], free_top1[:, None], k=1).mean()),
+        constrained_recall_at_1=float(_recall(ids[cold_targets], pool["item_ids"], k=1).mean()),
+    )
+    print_fn(f"\ncold start ({len(cold):,} new items): Recall@1 unconstrained "
+             f"{cold_start['unconstrained_recall_at_1']:.1%}, constrained to the pool "
+             f"{cold_start['constrained_recall_at_1']:.1%}")  # fmt: skip
+    return cold_start
 
 
 def _train_decoder(world, cfg, sids, vocab, history_in, history_tokens, seed):
