@@ -15,7 +15,9 @@ which `build()` fills):
   which answers the steps it covers and derives weights from the index,
   and the eligibility of those steps (`layers/dense_step_eligibility.py`),
   which derives weights from the sets;
-- for eligibility sets, its member ranges (`_member_range_*`).
+- its member ranges (`layers/tree_member_ranges.py`,
+  `strings/string_member_ranges.py`), which eligibility sets read: the
+  weights they need, the range below a state, the edge slots to keep.
 
 Which part answers a step is `AutomatonStep`'s choice
 (`layers/automaton_step.py`); the public step methods here forward to it.
@@ -90,11 +92,15 @@ class ConstraintParts:
     dense_head: a `DenseHead`, or None: no dense head.
     dense_eligibility: a `DenseStepEligibility`, or None: the dense head's
         steps need no eligibility weights of their own.
+    member_ranges: `weight_shapes()`, `weight_arrays(index)`,
+        `ranges(states, depth)`, `keep(request, edges, step)`: what
+        eligibility sets read of the kind's states.
     """
 
     transitions: object
     dense_head: object = None
     dense_eligibility: object = None
+    member_ranges: object = None
 
 
 class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
@@ -179,6 +185,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         self.transitions = parts.transitions
         self.dense_head = parts.dense_head
         self.dense_eligibility = parts.dense_eligibility
+        self.member_range_part = parts.member_ranges
         self.sparse_step = SparseStep(self.transitions, self.index_weights)
         self.automaton_step = AutomatonStep(
             layout, parts, self.sparse_step, self.caps_sparse_steps,
@@ -236,8 +243,9 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         if self.dense_head is not None:
             for name, array in self.dense_head.weight_arrays(index.arrays).items():
                 self.derived_index_weights[name].assign(array)
-        for name, array in self._member_range_arrays(index).items():
-            self.member_range_weights[name].assign(array)
+        if self.num_eligibility_sets:
+            for name, array in self.member_range_part.weight_arrays(index).items():
+                self.member_range_weights[name].assign(array)
 
     def get_config(self):
         config = super().get_config()
@@ -260,7 +268,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         )
         if not self.num_eligibility_sets:
             return
-        for name, shape in self._member_range_shapes().items():
+        for name, shape in self.member_range_part.weight_shapes().items():
             self.member_range_weights[name] = self.add_weight(
                 name=name, shape=shape, dtype="int32", initializer="zeros", trainable=False
             )
@@ -337,7 +345,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         `depth`: a Python int when every valid state has that depth."""
         if not self.num_eligibility_sets:
             raise ValueError("Member ranges live with the eligibility sets: eligibility_sets=0")
-        return self._member_ranges(ops.cast(states, "int32"), depth)
+        return self.member_range_part.ranges(ops.cast(states, "int32"), depth)
 
     def check_eligibility(self, eligibility, rows=None) -> eligibility_request.RequestEligibility:
         """`(set_ids, excluded)` checked against this layer's sets and `rows`
@@ -356,9 +364,7 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
     def _sparse_keep(self, eligibility, edges, step):
         """bool `[R, B]`: whether each edge slot's target keeps an eligible,
         non-excluded member (`SparseStep.slots` edges; padding slots: any)."""
-        targets = self.transitions.edge_targets(edges)
-        lo, hi = self._member_ranges(targets, None if step is None else step + 1)
-        return self.eligibility_filter.keep(eligibility, lo, hi)
+        return self.member_range_part.keep(eligibility, edges, step)
 
     def index_arrays(self) -> dict[str, np.ndarray]:
         """The device arrays this layer holds, as NumPy arrays of the layout's dtypes."""
@@ -495,18 +501,6 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
     def _make_parts(self) -> ConstraintParts:
         """The kind's parts, made once from `self.layout` before any weight
         exists (they read the weight groups, which `build()` fills)."""
-        raise NotImplementedError
-
-    def _member_range_shapes(self) -> dict[str, tuple[int, ...]]:
-        """int32 weights `member_ranges` reads, by name (with eligibility sets)."""
-        raise NotImplementedError
-
-    def _member_range_arrays(self, index) -> dict[str, np.ndarray]:
-        """Values of those weights for `index` (empty without eligibility sets)."""
-        raise NotImplementedError
-
-    def _member_ranges(self, states, depth):
-        """`(lo, hi)` int32 of int32 `states`; `depth` an int or None (mixed)."""
         raise NotImplementedError
 
 

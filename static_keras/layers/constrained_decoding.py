@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-from keras import ops
-
 from static_keras.api_export import static_keras_export
 from static_keras.constants import INVALID_STATE
 from static_keras.constants import MASKED_LOGIT
 from static_keras.constants import PAD_TOKEN
-from static_keras.index import dense_eligibility
 from static_keras.index.layout import IndexLayout
 from static_keras.index.static_index import StaticIndex
-from static_keras.layers import derived_dense_masks
-from static_keras.layers import eligibility_kernels
-from static_keras.layers import member_ranges
 from static_keras.layers import weight_upgrades
 from static_keras.layers.automaton_constraint import AutomatonConstraint
 from static_keras.layers.automaton_constraint import ConstraintParts
 from static_keras.layers.dense_head import DenseHead
 from static_keras.layers.dense_step_eligibility import DenseStepEligibility
+from static_keras.layers.tree_member_ranges import HostBoundaries
+from static_keras.layers.tree_member_ranges import TreeMemberRanges
+from static_keras.layers.tree_member_ranges import resolve_windows
 from static_keras.layers.tree_transitions import TreeTransitions
 
 __all__ = ["INVALID_STATE", "MASKED_LOGIT", "PAD_TOKEN", "ConstrainedDecoding"]
@@ -127,7 +124,7 @@ class ConstrainedDecoding(AutomatonConstraint):
         eligibility_windows: list[int] | None = None,
         **kwargs,
     ):
-        self._host_boundaries = None
+        self._host_boundaries = HostBoundaries()
         # Per dense depth, 0 (the sets store its mask rows) or the words a
         # derived row reads (`derived_dense_masks`): settled here, before the
         # weights are sized, from the index when given.
@@ -135,7 +132,9 @@ class ConstrainedDecoding(AutomatonConstraint):
         if kwargs.get("eligibility") is not None or kwargs.get("eligibility_sets"):
             d = index.layout.dense_levels if isinstance(index, StaticIndex) else dense_levels
             if d is not None:
-                self.eligibility_windows = self._resolve_windows(index, eligibility_windows, d)
+                self.eligibility_windows = resolve_windows(
+                    index, eligibility_windows, d, self._host_boundaries
+                )
         layout_fields = {
             "vocab_size": vocab_size,
             "length": length,
@@ -149,8 +148,12 @@ class ConstrainedDecoding(AutomatonConstraint):
     def _make_parts(self) -> ConstraintParts:
         layout = self.layout
         transitions = TreeTransitions(layout, self.index_weights)
+        ranges = TreeMemberRanges(
+            layout, self.eligibility_windows, self.index_weights, self.member_range_weights,
+            self.eligibility_filter, transitions, self._host_boundaries,
+        )  # fmt: skip
         if not layout.dense_levels:
-            return ConstraintParts(transitions)
+            return ConstraintParts(transitions, member_ranges=ranges)
         eligibility = None
         if self.num_eligibility_sets:
             eligibility = DenseStepEligibility(
@@ -161,7 +164,7 @@ class ConstrainedDecoding(AutomatonConstraint):
             layout, self.index_weights, self.derived_index_weights,
             None if eligibility is None else eligibility.eligible_words, transitions.depth,
         )  # fmt: skip
-        return ConstraintParts(transitions, head, eligibility)
+        return ConstraintParts(transitions, head, eligibility, ranges)
 
     @property
     def dense_levels(self) -> int:
@@ -173,129 +176,6 @@ class ConstrainedDecoding(AutomatonConstraint):
             config["eligibility_windows"] = list(self.eligibility_windows)
         return config
 
-    def _member_range_shapes(self):
-        layout = self.layout
-        d = layout.dense_levels
-        size = layout.dense_head_states + layout.vocab_size**d + d + 1 if d else 1
-        shapes = {"dense_boundaries": (size,)}
-        for t, window in enumerate(self.eligibility_windows):
-            if window:  # what a derived row reads of the index (fixed per code)
-                codes = layout.vocab_size**t
-                planes = derived_dense_masks.CODE_FIELDS, derived_dense_masks.MASK_FIELDS
-                shapes[f"dense_code_fields_{t}"] = (planes[0] * codes, window)
-                shapes[f"dense_mask_fields_{t}"] = (planes[1] * codes, layout.mask_words)
-        if d:  # each member's depth-d code, for a request's exclusions (last:
-            # `load_own_variables` fills it in for layers saved before it)
-            shapes["dense_member_codes"] = (max(layout.num_members, 1),)
-        return shapes
-
     def load_own_variables(self, store):
         # Files of earlier versions lack weights added since: one explicit step.
         return super().load_own_variables(weight_upgrades.upgraded_store(self, store))
-
-    def _member_range_arrays(self, index):
-        if not self.num_eligibility_sets:
-            return {}
-        layout = self.layout
-        table, _ = self._boundaries_and_windows(index)
-        offsets = dense_eligibility.dense_boundary_offsets(layout)
-        for t, held in enumerate(self.eligibility_windows):
-            if not held:  # stored rows fit any index
-                continue
-            size = layout.vocab_size**t
-            needed = derived_dense_masks.widest_range(table[offsets[t] : offsets[t] + size + 1])
-            if needed > held:
-                raise ValueError(
-                    f"The index does not fit this layer's eligibility windows: a code of "
-                    f"depth {t} needs {needed} words, the layer reads {held} "
-                    f"({list(self.eligibility_windows)}); build a layer for this index"
-                )
-        arrays = {"dense_boundaries": table}
-        if layout.dense_levels:
-            arrays["dense_member_codes"] = dense_eligibility.dense_member_codes(layout, table)
-        for t, window in enumerate(self.eligibility_windows):
-            if window:
-                fields = derived_dense_masks.code_fields(
-                    layout.vocab_size, layout.num_members, table, offsets, t, window
-                )
-                first = layout.dense_mask_offsets[t]
-                rows = index.arrays["dense_masks"][first : first + layout.vocab_size**t]
-                masks = derived_dense_masks.mask_fields(rows)
-                arrays[f"dense_code_fields_{t}"] = derived_dense_masks.planes_first(fields)
-                arrays[f"dense_mask_fields_{t}"] = derived_dense_masks.planes_first(masks)
-        self._drop_host_boundaries()
-        return arrays
-
-    def _boundaries_and_windows(self, index):
-        """The host `dense_boundary_table` of `index` and the eligibility
-        windows it needs (computed once per index)."""
-        if self._host_boundaries is None or self._host_boundaries[0] is not index:
-            layout = index.layout
-            table = dense_eligibility.dense_boundary_table(layout, index.arrays)
-            windows = derived_dense_masks.eligibility_windows(
-                layout.vocab_size,
-                layout.dense_levels,
-                layout.num_members,
-                table,
-                dense_eligibility.dense_boundary_offsets(layout),
-            )
-            self._host_boundaries = (index, table, windows)
-        return self._host_boundaries[1:]
-
-    def _drop_host_boundaries(self):
-        self._host_boundaries = None  # 16.8 MB at V = 2048, d = 2: weights hold it now
-
-    def _resolve_windows(self, index, given, d: int):
-        """The layer's eligibility windows: the index's when it is given,
-        else the config's (checked), else every depth stored."""
-        if given is not None:
-            given = tuple(given)
-            ints = len(given) == d and all(isinstance(w, int) and w >= 0 for w in given)
-            suffix = not (d and given[0]) and all(b or not a for a, b in zip(given, given[1:]))
-            if not (ints and suffix):
-                raise ValueError(
-                    f"`eligibility_windows` must be {d} ints >= 0, the first 0 and none 0 "
-                    f"after a positive one. Received: {list(given)}"
-                )
-        if isinstance(index, StaticIndex):
-            windows = tuple(self._boundaries_and_windows(index)[1])
-            if given is not None and given != windows:
-                raise ValueError(
-                    f"`eligibility_windows`={list(given)} but the index needs {list(windows)}"
-                )
-            return windows
-        return given if given is not None else (0,) * d
-
-    def _sparse_keep(self, eligibility, edges, step):
-        if step is None:
-            return super()._sparse_keep(eligibility, edges, step)
-        # A row's edges are consecutive (`SparseStep.slots`), and so are their
-        # targets: K + 1 member starts bound the K ranges. Slots past a
-        # row's count continue from its first edge (one past the depth's
-        # end at most), so the last real slot's end is its next sibling's
-        # start. Rows with no edge read any state of the depth (masked).
-        layout = self.layout
-        depth = step + 1
-        width = ops.shape(edges)[1]
-        first = self.transitions.edge_targets(edges[:, :1])
-        states = first + ops.arange(width + 1, dtype="int32")[None, :]
-        start = layout.depth_starts[depth]
-        states = ops.clip(states, start, start + layout.level_sizes[depth])
-        bounds = member_ranges.tree_member_starts(
-            layout, self.index_weights["indptr"], states, depth
-        )
-        return eligibility_kernels.keep_mask_between(
-            self.eligibility_weights["eligibility_words"],
-            self.eligibility_weights["eligibility_directory"],
-            eligibility,
-            bounds,
-        )
-
-    def _member_ranges(self, states, depth):
-        return member_ranges.tree_member_ranges(
-            self.layout,
-            self.index_weights["indptr"],
-            self.member_range_weights["dense_boundaries"],
-            states,
-            depth,
-        )

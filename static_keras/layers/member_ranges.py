@@ -103,3 +103,12 @@ def string_member_ranges(member_lo, member_hi, states):
     lo = ops.cast(gather.take(member_lo, safe), "int32")
     hi = ops.cast(gather.take(member_hi, safe), "int32")
     return ops.where(valid, lo, 0), ops.where(valid, hi, 0)
+
+
+def keep_edges(part, request, edges, step):
+    """bool `[R, B]`: whether each edge slot's target keeps an eligible,
+    non-excluded member of its row's request (`part`: a member-range part
+    with `transitions`, `ranges` and `eligibility_filter`)."""
+    targets = part.transitions.edge_targets(edges)
+    lo, hi = part.ranges(targets, None if step is None else step + 1)
+    return part.eligibility_filter.keep(request, lo, hi)

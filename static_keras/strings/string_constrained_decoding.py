@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from static_keras.api_export import static_keras_export
-from static_keras.layers import member_ranges
 from static_keras.layers.automaton_constraint import AutomatonConstraint
 from static_keras.layers.automaton_constraint import ConstraintParts
 from static_keras.strings.layout import StringIndexLayout
 from static_keras.strings.string_index import StringIndex
+from static_keras.strings.string_member_ranges import StringMemberRanges
 from static_keras.strings.string_transitions import StringTransitions
 
 
@@ -116,21 +114,8 @@ class StringConstrainedDecoding(AutomatonConstraint):
         super().__init__(index, layout_fields=layout_fields, **kwargs)
 
     def _make_parts(self) -> ConstraintParts:
-        return ConstraintParts(StringTransitions(self.layout, self.index_weights))
-
-    # Member ranges (eligibility sets) --------------------------------------
-
-    def _member_range_shapes(self):
-        return {"member_lo": (self.layout.num_states,), "member_hi": (self.layout.num_states,)}
-
-    def _member_range_arrays(self, index):
-        if not self.num_eligibility_sets:
-            return {}
-        lo, hi = index.member_ranges(np.arange(self.layout.num_states))
-        return {"member_lo": lo.astype(np.int32), "member_hi": hi.astype(np.int32)}
-
-    def _member_ranges(self, states, depth):
-        weights = self.member_range_weights
-        return member_ranges.string_member_ranges(
-            weights["member_lo"], weights["member_hi"], states
+        transitions = StringTransitions(self.layout, self.index_weights)
+        ranges = StringMemberRanges(
+            self.layout, self.member_range_weights, self.eligibility_filter, transitions
         )
+        return ConstraintParts(transitions, member_ranges=ranges)
