@@ -19,7 +19,7 @@ _LAZY = {
     "CachedTransformerDecoder": "static_keras.layers.cached_transformer_decoder",
     "TeacherForcing": "static_keras.layers.cached_transformer_decoder",
     "AutomatonConstraint": "static_keras.layers.automaton_constraint",
-    "constraint_for": "static_keras.layers.automaton_constraint",
+    "constraint_for": "static_keras.layers.layer_classes",
     "DecodingConstraint": "static_keras.layers.decoding_constraint",
     "TokenAutomaton": "static_keras.index.automaton",
     "load_index": "static_keras.index",

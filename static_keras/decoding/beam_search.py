@@ -17,8 +17,8 @@ from static_keras.layers import eligibility_request
 from static_keras.layers import execution_plan
 from static_keras.layers import gather
 from static_keras.layers.automaton_constraint import AutomatonConstraint
-from static_keras.layers.automaton_constraint import constraint_for
 from static_keras.layers.decoding_constraint import DecodingConstraint
+from static_keras.layers.layer_classes import constraint_for
 
 StepFn = Callable[[Any, Any], tuple[Any, Any]]
 

@@ -11,7 +11,7 @@ from static_keras.api_export import static_keras_export
 from static_keras.decoding.beam_search import beam_search
 from static_keras.index.automaton import TokenAutomaton
 from static_keras.layers.automaton_constraint import AutomatonConstraint
-from static_keras.layers.automaton_constraint import constraint_for
+from static_keras.layers.layer_classes import constraint_for
 
 #: What `call` returns, by the `outputs` argument.
 OUTPUTS = ("dict", "scores_and_item_ids", "item_ids")

@@ -1,26 +1,14 @@
 """`AutomatonConstraint`: one decoding step over any compiled token automaton.
 
 The Keras side of the `TokenAutomaton` contract. The base owns everything
-the two kinds share: index tensors as non-trainable weights created in
-`build()` from the layout integers of the config, `set_index`,
-`get_config`, the candidates and mask modes, `advance`, `is_finished`,
-`item_ids` and the export metadata. A kind supplies its parts
-(`ConstraintParts`, from `_make_parts`, called once after the layout is
-known and before any weight exists; the parts read the weight groups,
-which `build()` fills):
-
-- its transitions (where a state's CSR row is and where an edge leads),
-  which the shared sparse kernels (`layers/sparse_step.py`) read;
-- optionally a bit-packed dense head (`layers/dense_head.py`, semantic IDs),
-  which answers the steps it covers and derives weights from the index,
-  and the eligibility of those steps (`layers/dense_step_eligibility.py`),
-  which derives weights from the sets;
-- its member ranges (`layers/tree_member_ranges.py`,
-  `strings/string_member_ranges.py`), which eligibility sets read: the
-  weights they need, the range below a state, the edge slots to keep.
-
-Which part answers a step is `AutomatonStep`'s choice
-(`layers/automaton_step.py`); the public step methods here forward to it.
+the two kinds share: the index as non-trainable weights
+(`layers/index_weights.py`), `set_index`, `get_config`, the candidates and
+mask modes, `advance`, `is_finished`, `item_ids`, the eligibility sets
+(`EligibilityFilter`) and the export metadata. A kind supplies its parts
+(`ConstraintParts`: transitions, optionally a dense head and its
+eligibility, member ranges) from `_make_parts`; which part answers a step
+is `AutomatonStep`'s choice (`layers/automaton_step.py`), and the public
+step methods here forward to it.
 
 Steps. A Python int `step` is the fast path: every step has its own static
 width `B_t` (what the unrolled beam search uses). A scalar int tensor or
@@ -32,9 +20,6 @@ results are the same.
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
-
 import keras
 import numpy as np
 from keras import ops
@@ -43,67 +28,20 @@ from static_keras.constants import MASKED_LOGIT
 from static_keras.index import archive
 from static_keras.index.automaton import TokenAutomaton
 from static_keras.index.eligibility import EligibilitySets
-from static_keras.index.member_catalogue import MemberCatalogue
-from static_keras.index.member_catalogue import catalogue_fingerprint
-from static_keras.layers import eligibility_request
 from static_keras.layers import gather
+from static_keras.layers import index_weights
 from static_keras.layers.automaton_step import AutomatonStep
+from static_keras.layers.constraint_parts import ConstraintParts
 from static_keras.layers.decoding_constraint import DecodingConstraint
 from static_keras.layers.decoding_constraint import StepProposal
 from static_keras.layers.eligibility_filter import EligibilityFilter
+from static_keras.layers.eligibility_methods import EligibilityMethods
 from static_keras.layers.sparse_step import SparseStep
 
-__all__ = ["AutomatonConstraint", "ConstraintParts", "constraint_for"]
-
-#: automaton kind -> "module:Class" of its constraint layer.
-LAYER_CLASSES = {
-    "semantic_ids": "static_keras.layers.constrained_decoding:ConstrainedDecoding",
-    "strings": "static_keras.strings.string_constrained_decoding:StringConstrainedDecoding",
-}
+__all__ = ["AutomatonConstraint"]
 
 
-def constraint_for(index, name: str | None = None) -> "AutomatonConstraint":
-    """The constraint layer of `index` (a `TokenAutomaton`); a layer is returned as is.
-
-    Example:
-
-    >>> from static_keras import StaticIndex
-    >>> layer = constraint_for(StaticIndex.build([[0, 1]], vocab_size=2))
-    >>> type(layer).__name__
-    'ConstrainedDecoding'
-    """
-    if isinstance(index, AutomatonConstraint):
-        return index
-    if not isinstance(index, TokenAutomaton):
-        raise ValueError(
-            "`index` must be a TokenAutomaton (StaticIndex, StringIndex) or an "
-            f"AutomatonConstraint layer. Received: {type(index).__name__}"
-        )
-    module, cls = LAYER_CLASSES[index.kind].split(":")
-    return getattr(importlib.import_module(module), cls)(index, name=name)
-
-
-@dataclasses.dataclass
-class ConstraintParts:
-    """What a kind supplies to `AutomatonConstraint` (see the module doc).
-
-    transitions: `rows`, `edge_targets`, `width`, `same_members`
-        (`layers/sparse_step.py`).
-    dense_head: a `DenseHead`, or None: no dense head.
-    dense_eligibility: a `DenseStepEligibility`, or None: the dense head's
-        steps need no eligibility weights of their own.
-    member_ranges: `weight_shapes()`, `weight_arrays(index)`,
-        `ranges(states, depth)`, `keep(request, edges, step)`: what
-        eligibility sets read of the kind's states.
-    """
-
-    transitions: object
-    dense_head: object = None
-    dense_eligibility: object = None
-    member_ranges: object = None
-
-
-class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
+class AutomatonConstraint(keras.layers.Layer, EligibilityMethods, DecodingConstraint):
     """Restricts one decoding step to the valid continuations of an automaton.
 
     Each row (batch x beam) carries an int32 state, 0 at the start. At a
@@ -120,7 +58,8 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
 
     Subclasses: `ConstrainedDecoding` (semantic IDs) and
     `StringConstrainedDecoding` (string sets); `constraint_for(index)` picks
-    the one of an index. See the module docstring for what a kind supplies.
+    the one of an index. See the module docstring for what a kind supplies;
+    the methods about eligibility sets are `EligibilityMethods`'.
     """
 
     #: The host class whose arrays this layer holds, and its layout class.
@@ -141,41 +80,12 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        name = type(self).__name__
         self.eligibility_filter = EligibilityFilter(
             eligibility, eligibility_sets, eligibility_names
         )
-        if index is not None:
-            if not isinstance(index, self.index_class):
-                raise ValueError(
-                    f"`index` must be a {self.index_class.__name__}. "
-                    f"Received: {type(index).__name__}"
-                )
-            layout = index.layout
-            expected = layout.to_config()
-            for field, value in layout_fields.items():
-                if value is None:
-                    continue
-                value = list(value) if isinstance(value, (list, tuple)) else value
-                if value != expected[field]:
-                    raise ValueError(
-                        f"The index does not match this layer: `{field}` is "
-                        f"{expected[field]} in the index and {value} in the layer"
-                    )
-        else:
-            missing = [field for field, value in layout_fields.items() if value is None]
-            if missing:
-                raise ValueError(
-                    f"{name} needs an `index`, or every layout argument to load one "
-                    f"into. Missing: {missing}"
-                )
-            layout = self.layout_class.create(**layout_fields)
-        if layout.state_space > np.iinfo(np.int32).max:
-            raise ValueError(
-                f"The index has {layout.state_space} decoding states; int32 states hold "
-                f"at most {np.iinfo(np.int32).max}"
-            )
-        self.layout = layout
+        self.layout = layout = index_weights.resolve_layout(
+            index, layout_fields, self.index_class, self.layout_class, type(self).__name__
+        )
         # The weight groups, filled by `build()` in this order (files keep
         # it): the archive arrays, what the dense head derives from them,
         # the sets and what is derived from them, the member ranges.
@@ -197,20 +107,9 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
     def build(self, input_shape=None):
         if self.built:
             return
-        for name, (shape, dtype) in self.layout.array_shapes().items():
-            self.index_weights[name] = self.add_weight(
-                name=name,
-                shape=shape,
-                dtype=_device_dtype(dtype),
-                initializer="zeros",
-                trainable=False,
-            )
+        index_weights.add_weights(self.add_weight, self.layout.array_shapes(), self.index_weights)
         derived = {} if self.dense_head is None else self.dense_head.weight_shapes()
-        for name, (shape, dtype) in derived.items():
-            self.derived_index_weights[name] = self.add_weight(
-                name=name, shape=shape, dtype=_device_dtype(dtype), initializer="zeros",
-                trainable=False,
-            )  # fmt: skip
+        index_weights.add_weights(self.add_weight, derived, self.derived_index_weights)
         self._build_eligibility()
         if self._pending_index is not None:
             self.set_index(self._pending_index)
@@ -231,21 +130,13 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
                 "The index does not match this layer: index layout "
                 f"{index.layout.to_config()} vs layer layout {self.layout.to_config()}"
             )
-        for name, array in index.arrays.items():
-            weight = self.index_weights[name]
-            values = array.astype(weight.dtype, copy=False)
-            if values.dtype != array.dtype and not np.array_equal(values, array):
-                raise ValueError(
-                    f"Index array {name!r} holds values beyond {weight.dtype}; "
-                    "on JAX enable 64-bit with jax_enable_x64"
-                )
-            weight.assign(values)
+        index_weights.assign_arrays(self.index_weights, index.arrays)
         if self.dense_head is not None:
-            for name, array in self.dense_head.weight_arrays(index.arrays).items():
-                self.derived_index_weights[name].assign(array)
+            arrays = self.dense_head.weight_arrays(index.arrays)
+            index_weights.assign_arrays(self.derived_index_weights, arrays)
         if self.num_eligibility_sets:
-            for name, array in self.member_range_part.weight_arrays(index).items():
-                self.member_range_weights[name].assign(array)
+            arrays = self.member_range_part.weight_arrays(index)
+            index_weights.assign_arrays(self.member_range_weights, arrays)
 
     def get_config(self):
         config = super().get_config()
@@ -255,8 +146,6 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
             names = self.eligibility_names
             config["eligibility_names"] = None if names is None else list(names)
         return config
-
-    # Eligibility sets ---------------------------------------------------------
 
     def _build_eligibility(self) -> None:
         # Set weights, those a kind derives from the sets, then its member
@@ -268,111 +157,12 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         )
         if not self.num_eligibility_sets:
             return
-        for name, shape in self.member_range_part.weight_shapes().items():
-            self.member_range_weights[name] = self.add_weight(
-                name=name, shape=shape, dtype="int32", initializer="zeros", trainable=False
-            )
-
-    @property
-    def num_eligibility_sets(self) -> int:
-        return self.eligibility_filter.num_sets
-
-    @property
-    def eligibility_names(self):
-        return self.eligibility_filter.names
-
-    def set_eligibility(self, eligibility_sets: EligibilitySets) -> None:
-        """Assigns new set bits in place (a refresh: no rebuild, no retrace).
-
-        The sets must be over this index's members, as many as the layer
-        holds, with the same names (a set id means the same set before and
-        after); a layer built without names takes these.
-        """
-        fingerprint = (
-            self.catalogue_fingerprint() if isinstance(eligibility_sets, EligibilitySets) else ""
-        )
-        part = self.dense_eligibility
-        derived = (lambda sets: {}) if part is None else part.mask_arrays
-        self.eligibility_filter.assign(
-            eligibility_sets, self.layout.num_members, fingerprint, derived
-        )
-
-    def eligibility_refresh_spec(self) -> dict:
-        """What an eligibility-only refresh of an exported model rewrites.
-
-        `{"rewrites": {role: variable}, "reads": {role: variable}, "derive":
-        dict or None}`: the variables holding the sets (roles
-        `eligibility_words`, `eligibility_directory`), any variables derived
-        from them with what they are derived from (`reads`) and how
-        (`derive`: the settings of the host builder). The roles are the
-        names an exported model's metadata records (`export.eligibility`).
-        """
-        if not self.num_eligibility_sets:
-            raise ValueError("This layer holds no eligibility sets")
-        names = ("eligibility_words", "eligibility_directory")
-        spec = {"rewrites": {n: self.eligibility_weights[n] for n in names}, "reads": {},
-                "derive": None}  # fmt: skip
-        if self.dense_eligibility is not None:
-            self.dense_eligibility.extend_refresh_spec(spec)
-        return spec
-
-    def member_item_ids(self) -> np.ndarray:
-        """int64 `[num_members]`: the catalogue item id of each member (the
-        member number itself for an index without item ids)."""
-        if not self.has_item_ids:
-            return np.arange(self.layout.num_members, dtype=np.int64)
-        weight = self.index_weights[self.layout.member_ids_array]
-        return np.asarray(ops.convert_to_numpy(weight)).astype(np.int64)
-
-    def catalogue(self) -> MemberCatalogue:
-        """The `MemberCatalogue` of the index this layer holds."""
-        ids = self.member_item_ids() if self.has_item_ids else None
-        return MemberCatalogue(ids, self.layout.num_members)
-
-    def catalogue_fingerprint(self) -> str:
-        """The fingerprint of this index's member -> item id map: eligibility
-        sets over another one are refused (`EligibilitySets.require_catalogue`)."""
-        ids = self.member_item_ids() if self.has_item_ids else None
-        return catalogue_fingerprint(ids, self.layout.num_members)
-
-    def eligibility_sets(self) -> EligibilitySets:
-        """The sets this layer holds, as a host `EligibilitySets` (a copy)."""
-        return self.eligibility_filter.held_sets(ops.convert_to_numpy, self.catalogue())
-
-    def member_ranges(self, states, depth: int | None = None):
-        """`(lo, hi)` int32, shape of `states`: the members below each state
-        (`TokenAutomaton.member_ranges` on the device; needs eligibility sets).
-        `depth`: a Python int when every valid state has that depth."""
-        if not self.num_eligibility_sets:
-            raise ValueError("Member ranges live with the eligibility sets: eligibility_sets=0")
-        return self.member_range_part.ranges(ops.cast(states, "int32"), depth)
-
-    def check_eligibility(self, eligibility, rows=None) -> eligibility_request.RequestEligibility:
-        """`(set_ids, excluded)` checked against this layer's sets and `rows`
-        (the rows they must have, where known; a ValueError or TypeError
-        names the problem) and set out for the steps of a decode
-        (`eligibility_request.RequestEligibility`, returned as is if given)."""
-        return self.eligibility_filter.check(
-            eligibility, self.layout.num_members, self._dense_exclusions, rows
-        )
-
-    def _dense_exclusions(self, set_ids, members, before):
-        # What the dense steps read of a request's exclusions, once per decode.
-        part = self.dense_eligibility
-        return None if part is None else part.exclusions(set_ids, members, before)
-
-    def _sparse_keep(self, eligibility, edges, step):
-        """bool `[R, B]`: whether each edge slot's target keeps an eligible,
-        non-excluded member (`SparseStep.slots` edges; padding slots: any)."""
-        return self.member_range_part.keep(eligibility, edges, step)
+        shapes = {n: (s, np.int32) for n, s in self.member_range_part.weight_shapes().items()}
+        index_weights.add_weights(self.add_weight, shapes, self.member_range_weights)
 
     def index_arrays(self) -> dict[str, np.ndarray]:
         """The device arrays this layer holds, as NumPy arrays of the layout's dtypes."""
-        shapes = self.layout.array_shapes()
-        return {
-            name: np.asarray(ops.convert_to_numpy(weight)).astype(shapes[name][1], copy=False)
-            for name, weight in self.index_weights.items()
-        }
+        return index_weights.read_arrays(self.index_weights, self.layout.array_shapes())
 
     def index_metadata(self) -> dict:
         """Format, kind, layout, counts and checksum of the index (for export)."""
@@ -502,13 +292,3 @@ class AutomatonConstraint(keras.layers.Layer, DecodingConstraint):
         """The kind's parts, made once from `self.layout` before any weight
         exists (they read the weight groups, which `build()` fills)."""
         raise NotImplementedError
-
-
-def _device_dtype(dtype: np.dtype) -> str:
-    """int64 arrays stay int64 unless the backend cannot hold them (JAX x32)."""
-    if dtype == np.int64 and keras.config.backend() == "jax":
-        import jax
-
-        if not jax.config.jax_enable_x64:
-            return "int32"
-    return np.dtype(dtype).name

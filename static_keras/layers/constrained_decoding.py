@@ -10,7 +10,7 @@ from static_keras.index.layout import IndexLayout
 from static_keras.index.static_index import StaticIndex
 from static_keras.layers import weight_upgrades
 from static_keras.layers.automaton_constraint import AutomatonConstraint
-from static_keras.layers.automaton_constraint import ConstraintParts
+from static_keras.layers.constraint_parts import ConstraintParts
 from static_keras.layers.dense_head import DenseHead
 from static_keras.layers.dense_step_eligibility import DenseStepEligibility
 from static_keras.layers.tree_member_ranges import HostBoundaries

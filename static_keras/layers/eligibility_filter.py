@@ -143,6 +143,24 @@ class EligibilityFilter:
             rows,
         )
 
+    def refresh_spec(self, dense_eligibility) -> dict:
+        """What an eligibility-only refresh of an exported model rewrites.
+
+        `{"rewrites": {role: variable}, "reads": {role: variable}, "derive":
+        dict or None}`: the variables holding the sets (roles
+        `eligibility_words`, `eligibility_directory`), any variables derived
+        from them (`dense_eligibility`, the kind's part, or None) with what
+        they are derived from (`reads`) and how (`derive`: the settings of
+        the host builder). The roles are the names an exported model's
+        metadata records (`export.eligibility`).
+        """
+        if not self.num_sets:
+            raise ValueError("This layer holds no eligibility sets")
+        spec = {"rewrites": {n: self.weights[n] for n in SET_WEIGHTS}, "reads": {}, "derive": None}
+        if dense_eligibility is not None:
+            dense_eligibility.extend_refresh_spec(spec)
+        return spec
+
     def keep(self, request, lo, hi):
         """bool: whether each member range `[lo, hi)` holds an eligible,
         non-excluded member of its row's request."""

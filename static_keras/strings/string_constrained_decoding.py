@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from static_keras.api_export import static_keras_export
 from static_keras.layers.automaton_constraint import AutomatonConstraint
-from static_keras.layers.automaton_constraint import ConstraintParts
+from static_keras.layers.constraint_parts import ConstraintParts
 from static_keras.strings.layout import StringIndexLayout
 from static_keras.strings.string_index import StringIndex
 from static_keras.strings.string_member_ranges import StringMemberRanges

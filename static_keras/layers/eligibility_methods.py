@@ -1,0 +1,102 @@
+"""`EligibilityMethods`: the eligibility API of a constraint layer.
+
+What `AutomatonConstraint` offers about the sets it holds: refresh them in
+place, read them back, check a request, the member ranges and catalogue
+they are over. Every method reads the layer's parts (`eligibility_filter`,
+`dense_eligibility`, `member_range_part`) and its index weights; none is a
+hook a kind overrides. Kept apart from the layer's construction and step
+methods so each file reads as one concern.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from keras import ops
+
+from static_keras.index.eligibility import EligibilitySets
+from static_keras.index.member_catalogue import MemberCatalogue
+from static_keras.index.member_catalogue import catalogue_fingerprint
+from static_keras.layers import eligibility_request
+
+
+class EligibilityMethods:
+    """The eligibility sets of an `AutomatonConstraint` (see the module doc)."""
+
+    @property
+    def num_eligibility_sets(self) -> int:
+        return self.eligibility_filter.num_sets
+
+    @property
+    def eligibility_names(self):
+        return self.eligibility_filter.names
+
+    def set_eligibility(self, eligibility_sets: EligibilitySets) -> None:
+        """Assigns new set bits in place (a refresh: no rebuild, no retrace).
+
+        The sets must be over this index's members, as many as the layer
+        holds, with the same names (a set id means the same set before and
+        after); a layer built without names takes these.
+        """
+        fingerprint = (
+            self.catalogue_fingerprint() if isinstance(eligibility_sets, EligibilitySets) else ""
+        )
+        part = self.dense_eligibility
+        derived = (lambda sets: {}) if part is None else part.mask_arrays
+        self.eligibility_filter.assign(
+            eligibility_sets, self.layout.num_members, fingerprint, derived
+        )
+
+    def eligibility_refresh_spec(self) -> dict:
+        """What an eligibility-only refresh of an exported model rewrites
+        (`EligibilityFilter.refresh_spec`)."""
+        return self.eligibility_filter.refresh_spec(self.dense_eligibility)
+
+    def member_item_ids(self) -> np.ndarray:
+        """int64 `[num_members]`: the catalogue item id of each member (the
+        member number itself for an index without item ids)."""
+        if not self.has_item_ids:
+            return np.arange(self.layout.num_members, dtype=np.int64)
+        weight = self.index_weights[self.layout.member_ids_array]
+        return np.asarray(ops.convert_to_numpy(weight)).astype(np.int64)
+
+    def catalogue(self) -> MemberCatalogue:
+        """The `MemberCatalogue` of the index this layer holds."""
+        ids = self.member_item_ids() if self.has_item_ids else None
+        return MemberCatalogue(ids, self.layout.num_members)
+
+    def catalogue_fingerprint(self) -> str:
+        """The fingerprint of this index's member -> item id map: eligibility
+        sets over another one are refused (`EligibilitySets.require_catalogue`)."""
+        ids = self.member_item_ids() if self.has_item_ids else None
+        return catalogue_fingerprint(ids, self.layout.num_members)
+
+    def eligibility_sets(self) -> EligibilitySets:
+        """The sets this layer holds, as a host `EligibilitySets` (a copy)."""
+        return self.eligibility_filter.held_sets(ops.convert_to_numpy, self.catalogue())
+
+    def member_ranges(self, states, depth: int | None = None):
+        """`(lo, hi)` int32, shape of `states`: the members below each state
+        (`TokenAutomaton.member_ranges` on the device; needs eligibility sets).
+        `depth`: a Python int when every valid state has that depth."""
+        if not self.num_eligibility_sets:
+            raise ValueError("Member ranges live with the eligibility sets: eligibility_sets=0")
+        return self.member_range_part.ranges(ops.cast(states, "int32"), depth)
+
+    def check_eligibility(self, eligibility, rows=None) -> eligibility_request.RequestEligibility:
+        """`(set_ids, excluded)` checked against this layer's sets and `rows`
+        (the rows they must have, where known; a ValueError or TypeError
+        names the problem) and set out for the steps of a decode
+        (`eligibility_request.RequestEligibility`, returned as is if given)."""
+        return self.eligibility_filter.check(
+            eligibility, self.layout.num_members, self._dense_exclusions, rows
+        )
+
+    def _dense_exclusions(self, set_ids, members, before):
+        # What the dense steps read of a request's exclusions, once per decode.
+        part = self.dense_eligibility
+        return None if part is None else part.exclusions(set_ids, members, before)
+
+    def _sparse_keep(self, eligibility, edges, step):
+        """bool `[R, B]`: whether each edge slot's target keeps an eligible,
+        non-excluded member (`SparseStep.slots` edges; padding slots: any)."""
+        return self.member_range_part.keep(eligibility, edges, step)
