@@ -5,24 +5,13 @@ minute while the index (the trie) changes by the day. So eligibility lives
 beside the index, over its member numbers, and a decoding step asks of each
 candidate next state "is any eligible, non-excluded member below it?". The
 members below a state are one range `[lo, hi)` (`TokenAutomaton.member_ranges`),
-which makes the question a rank difference over a bit vector, the same
-fixed-width, branch-free gathers for every row:
-
-    w = i >> 5
-    rank(i) = directory[i >> 6] + popcount(words[w - 1]) if w is odd
-              + popcount(words[w] & ((1 << (i & 31)) - 1))
-    count(lo, hi) = rank(hi) - rank(lo)
-
-A set is `W = num_members // 32 + 1` uint32 words (bit `m & 31` of word
-`m >> 5` is member m) plus one uint32 per pair of words, the eligible
-members before the pair: 1.5 bits per member, and the last word always has
-room for position `num_members`, so `rank(num_members)` needs no clamp on
-the device. (For the dense steps of a semantic-ID index a layer stores a
-mask row per dense-head state, `dense_eligibility.dense_eligibility_masks`,
-at the depths where that costs at most half a bit per member, and derives
-the other depths' rows from these bits at decode time:
-`layers.derived_dense_masks`.)
-Per-request
+which makes the question a rank difference over a bit vector
+(`index/eligibility_bits.py`: 1.5 bits per member, the same fixed-width,
+branch-free reads for every row). (For the dense steps of a semantic-ID
+index a layer stores a mask row per dense-head state,
+`dense_eligibility.dense_eligibility_masks`, at the depths where that costs
+at most half a bit per member, and derives the other depths' rows from
+these bits at decode time: `layers.derived_dense_masks`.) Per-request
 exclusions (items the user has already seen) are a few member numbers per
 row (`MemberCatalogue.exclusion_members`); the exact rule is
 
@@ -45,43 +34,13 @@ from typing import Mapping
 
 import numpy as np
 
-from static_keras.index import npz_archive
+from static_keras.index import eligibility_bits
+from static_keras.index import eligibility_file
+from static_keras.index.eligibility_bits import directory_size
+from static_keras.index.eligibility_bits import words_per_set
 from static_keras.index.member_catalogue import MemberCatalogue
 
 __all__ = ["EligibilitySets", "MemberCatalogue", "directory_size", "words_per_set"]
-
-FORMAT_NAME = "static-keras-eligibility"
-FORMAT_VERSION = 2  # 2: one directory entry per pair of words (1: per word)
-
-
-def words_per_set(num_members: int) -> int:
-    """uint32 words of one set: one bit per member plus room for position
-    `num_members` (so `rank(num_members)` reads a real word)."""
-    return num_members // 32 + 1
-
-
-def directory_size(num_members: int) -> int:
-    """Directory entries of one set: one per pair of words."""
-    return (words_per_set(num_members) + 1) // 2
-
-
-def _pack(members: np.ndarray, num_members: int) -> tuple[np.ndarray, np.ndarray]:
-    """One set's `(words uint32 [W], directory uint32 [D])` from member numbers
-    (-1: no member; it lands in a spare last slot that is not packed)."""
-    size = words_per_set(num_members) * 32
-    bits = np.zeros(size + 1, bool)
-    bits[members] = True
-    words = np.packbits(bits[:size], bitorder="little").view("<u4").astype(np.uint32, copy=False)
-    return words, _directory(words)
-
-
-def _directory(words: np.ndarray) -> np.ndarray:
-    """uint32 `[..., D]`: eligible members before each pair of words (along
-    the last axis)."""
-    before = np.zeros(words.shape, np.uint32)
-    counts = np.bitwise_count(words[..., :-1])
-    np.cumsum(counts, axis=-1, dtype=np.uint32, out=before[..., 1:])
-    return np.ascontiguousarray(before[..., ::2])
 
 
 class EligibilitySets:
@@ -143,9 +102,7 @@ class EligibilitySets:
         if not isinstance(sets, Mapping) or not sets:
             raise ValueError("`sets` must be a non-empty mapping {name: item ids}")
         members = [catalogue._members_or_absent(ids) for ids in sets.values()]
-        packed = [_pack(m, catalogue.num_members) for m in members]
-        words = np.stack([w for w, _ in packed])
-        directory = np.stack([d for _, d in packed])
+        words, directory = eligibility_bits.pack_sets(members, catalogue.num_members)
         return cls(list(sets), words, directory, catalogue)
 
     # Properties --------------------------------------------------------------
@@ -213,7 +170,8 @@ class EligibilitySets:
         """A new object with set `name` rebuilt from `item_ids`; this one is
         unchanged. One vectorised pass over the ids and the set's words."""
         row = self.set_id(name)
-        words, directory = _pack(self.catalogue._members_or_absent(item_ids), self.num_members)
+        members = self.catalogue._members_or_absent(item_ids)
+        words, directory = eligibility_bits.pack(members, self.num_members)
         new_words = self._words.copy()
         new_directory = self._directory.copy()
         new_words[row] = words
@@ -253,9 +211,8 @@ class EligibilitySets:
             )
         here, there = self.catalogue.shared_members(catalogue)
         bits = self.contains(np.arange(self.num_sets)[:, None], here[None, :])  # [S, shared]
-        packed = [_pack(there[row], catalogue.num_members) for row in bits]
-        words = np.stack([w for w, _ in packed])
-        directory = np.stack([d for _, d in packed])
+        members = [there[row] for row in bits]
+        words, directory = eligibility_bits.pack_sets(members, catalogue.num_members)
         return type(self)(self._names, words, directory, catalogue)
 
     def require_catalogue(self, fingerprint: str, where: str) -> None:
@@ -287,14 +244,7 @@ class EligibilitySets:
         `set_ids` broadcasts against `positions`."""
         sets = self._positions(set_ids, "set_ids", upper=self.num_sets - 1)
         positions = self._positions(positions, "positions", upper=self.num_members)
-        # uint32 throughout (b <= 31, so `(1 << b) - 1` fits): a dense-step
-        # mask build ranks millions of positions per set.
-        word = positions >> 5
-        below = np.left_shift(np.uint32(1), (positions & 31).astype(np.uint32)) - np.uint32(1)
-        odd = (word & 1).astype(np.uint32)
-        previous = self._words[sets, word - odd] * odd  # the pair's first word when w is odd
-        counts = np.bitwise_count(previous) + np.bitwise_count(self._words[sets, word] & below)
-        return (self._directory[sets, positions >> 6] + counts).astype(np.int64)
+        return eligibility_bits.rank(self._words, self._directory, sets, positions)
 
     def count(self, set_ids, lo, hi) -> np.ndarray:
         """int64: eligible members in `[lo, hi)` (`lo <= hi`), broadcast."""
@@ -304,7 +254,7 @@ class EligibilitySets:
         """bool: whether each member is eligible (`num_members`, the padding, is not)."""
         sets = self._positions(set_ids, "set_ids", upper=self.num_sets - 1)
         members = self._positions(members, "members", upper=self.num_members)
-        return ((self._words[sets, members >> 5] >> (members & 31).astype(np.uint32)) & 1) == 1
+        return eligibility_bits.contains(self._words, sets, members)
 
     def eligible_in_range(self, set_ids, lo, hi, excluded_members=None) -> np.ndarray:
         """int64 `[R, ...]`: eligible, non-excluded members in `[lo, hi)`.
@@ -338,45 +288,16 @@ class EligibilitySets:
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes one `.npz` atomically (write, then rename), bound to the
-        catalogue's fingerprint."""
-        document = {
-            "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
-            "names": list(self._names),
-            "num_members": self.num_members,
-            "catalogue_fingerprint": self.catalogue.fingerprint,
-        }
-        arrays = {"words": self._words, "directory": self._directory}
-        npz_archive.write(path, arrays, document, temp_prefix=".eligibility-")
+        catalogue's fingerprint (`index/eligibility_file.py`)."""
+        eligibility_file.write(path, self._names, self._words, self._directory, self.catalogue)
 
     @classmethod
     def load(cls, path: str | os.PathLike, index_or_catalogue) -> "EligibilitySets":
         """Reads a file written by `save` for the same catalogue (same member
         -> item id map; ValueError otherwise, or when the file is corrupt)."""
         catalogue = _catalogue(index_or_catalogue)
-        arrays, document = npz_archive.read(path, kind="eligibility sets file")
-        npz_archive.check_document(
-            path, document, name=FORMAT_NAME, version=FORMAT_VERSION, kind="eligibility sets"
-        )
-        names = document.get("names")
-        if not isinstance(names, list) or document.get("num_members") != catalogue.num_members:
-            raise ValueError(
-                f"{os.fspath(path)!r} holds sets over {document.get('num_members')} members; "
-                f"this index has {catalogue.num_members}"
-            )
-        if document.get("catalogue_fingerprint") != catalogue.fingerprint:
-            raise ValueError(
-                f"{os.fspath(path)!r} was written for another catalogue (its member -> "
-                "item id map differs): rebuild the sets for this index"
-            )
-        shapes = {
-            "words": ((len(names), words_per_set(catalogue.num_members)), np.dtype(np.uint32)),
-            "directory": ((len(names), directory_size(catalogue.num_members)), np.dtype(np.uint32)),
-        }
-        npz_archive.check_arrays(repr(os.fspath(path)), arrays, shapes)
-        if not np.array_equal(arrays["directory"], _directory(arrays["words"])):
-            raise ValueError(f"{os.fspath(path)!r}: the rank directory does not match the bits")
-        return cls(names, arrays["words"], arrays["directory"], catalogue)
+        names, words, directory = eligibility_file.read(path, catalogue)
+        return cls(names, words, directory, catalogue)
 
 
 def _catalogue(index_or_catalogue) -> MemberCatalogue:
