@@ -19,25 +19,22 @@
 
 from __future__ import annotations
 
+import functools
 import os
-import sys
 import time
 
 import keras
 import numpy as np
 
 from static_keras.decoding.constrained_beam_search import ConstrainedBeamSearch
+from static_keras.demo.catalogue_items import catalogue_items
+from static_keras.demo.decoder_training import train_decoder
 from static_keras.demo.demo_failure import DemoFailure
 from static_keras.demo.hot_swap import serve_and_swap
 from static_keras.demo.regions import regions_and_histories
 from static_keras.demo.report import write_report
 from static_keras.demo.world import make_users
 from static_keras.demo.world import make_world
-from static_keras.index.semantic_ids import disambiguate
-from static_keras.index.semantic_ids import fit_residual_kmeans
-from static_keras.index.static_index import StaticIndex
-from static_keras.layers.cached_transformer_decoder import CachedTransformerDecoder
-from static_keras.layers.cached_transformer_decoder import TeacherForcing
 from static_keras.metrics.recall_at_k import recall_per_row
 
 HISTORY = 8
@@ -97,47 +94,27 @@ def run_demo(
 
     # 1-2. World and semantic IDs
     world = make_world(cfg["items"], cfg["cold"], seed=seed)
+    items = catalogue_items(world, cfg, seed)
+    ids, vocab, length = items.ids, items.vocab, items.length
     catalogue = np.arange(world.num_catalogue)
     cold = np.arange(world.num_catalogue, world.num_items)
-    sids = _semantic_ids(world, cfg, seed)
-    vocab, length = int(max(cfg["vocab"], sids.max() + 1)), sids.shape[1]
-    ids = world.item_ids(np.arange(world.num_items))
-
-    def index_of(rows):
-        return StaticIndex.build(sids[rows], vocab, item_ids=ids[rows])
-
     build_start = time.perf_counter()
-    catalogue_index = index_of(catalogue)
+    catalogue_index = items.index_of(catalogue)
     build_ms = 1e3 * (time.perf_counter() - build_start)
     fresh = catalogue[world.days_ago[catalogue] < fresh_days[0]]
-    fresh_index = index_of(fresh)
+    fresh_index = items.index_of(fresh)
     print_fn(f"catalogue: {world.num_catalogue:,} items, semantic IDs {length} x {vocab} codes; "
              f"{catalogue_index}")  # fmt: skip
 
-    # 3. Train the decoder. As in TIGER, the history is read as the semantic
-    # IDs of its items (one token per level, offset by level; 0 pads): items
-    # that share codes share what the model learns, which is what lets it
-    # reach cold-start items.
-    def history_tokens(item_id_rows):
-        tokens = sids[item_id_rows - 1] + 1 + vocab * np.arange(length)
-        return tokens.reshape(len(item_id_rows), -1).astype(np.int32)
-
+    # 3. Train the decoder on histories read as semantic IDs
     history_in = keras.Input((HISTORY * length,), dtype="int32", name="history")
-    decoder, train_seconds = _train_decoder(world, cfg, sids, vocab, history_in,
-                                            history_tokens, seed)  # fmt: skip
+    decoder, train_seconds = train_decoder(world, cfg, items, history_in, HISTORY, seed)
     beam = cfg["beam"]
-
-    def search_model(index):
-        layer = (
-            ConstrainedBeamSearch(index, decoder, beam_size=beam, num_results=10)
-            if index is not None
-            else ConstrainedBeamSearch(None, decoder, beam_size=beam, num_results=10, length=length)
-        )
-        return keras.Model(history_in, layer(history_in))
+    search_model = functools.partial(_search_model, decoder, history_in, beam, length)
 
     # 4. Decode held-out users
     test_items, test_targets = make_users(world, cfg["test_users"], HISTORY, seed=seed + 2)
-    test_histories = history_tokens(test_items)
+    test_histories = items.history_tokens(test_items)
     decodings = [
         ("unconstrained", None),
         ("constrained: catalogue", catalogue_index),
@@ -150,8 +127,7 @@ def run_demo(
     )  # fmt: skip
 
     # 5. Cold start: items uploaded after training
-    cold_start = _cold_start(world, cfg, seed, cold, ids, history_tokens, search_model, index_of,
-                             print_fn)  # fmt: skip
+    cold_start = _cold_start(world, cfg, seed, cold, items, search_model, print_fn)
 
     # 6. Regions and histories: one index, per-request sets and exclusions
     regions = regions_and_histories(
@@ -171,7 +147,7 @@ def run_demo(
     if serve:
         newer = catalogue[world.days_ago[catalogue] < fresh_days[1]]
         results["hot_swap"] = serve_and_swap(
-            search_model(fresh_index), index_of(newer), test_histories[:16],
+            search_model(fresh_index), items.index_of(newer), test_histories[:16],
             fresh_days, set(ids[newer].tolist()), print_fn,
         )  # fmt: skip
 
@@ -182,36 +158,24 @@ def run_demo(
     return results
 
 
-def _semantic_ids(world, cfg, seed) -> np.ndarray:
-    """int32 `[items, levels + 1]`: residual k-means codes fitted on the
-    catalogue plus a disambiguation level (TIGER); cold items continue each
-    code's collision counter."""
-    catalogue = np.arange(world.num_catalogue)
-    rq = fit_residual_kmeans(
-        world.embeddings[catalogue], num_levels=cfg["levels"], vocab_size=cfg["vocab"], seed=seed
-    )
-    codes = rq.encode(world.embeddings)
-    sids = np.empty((world.num_items, cfg["levels"] + 1), dtype=np.int32)
-    sids[catalogue] = disambiguate(codes[catalogue])
-    cold = np.arange(world.num_catalogue, world.num_items)
-    taken = {tuple(row): 0 for row in codes[catalogue]}
-    for row in codes[catalogue]:
-        taken[tuple(row)] += 1
-    start = np.array([taken.get(tuple(row), 0) for row in codes[cold]])
-    sids[cold] = disambiguate(codes[cold], start=start)
-    return sids
+def _search_model(decoder, history_in, beam: int, length: int, index):
+    """Histories -> the top 10 of a beam search over `index` (None: unconstrained)."""
+    options = {} if index is not None else {"length": length}
+    layer = ConstrainedBeamSearch(index, decoder, beam_size=beam, num_results=10, **options)
+    return keras.Model(history_in, layer(history_in))
 
 
-def _cold_start(world, cfg, seed, cold, ids, history_tokens, search_model, index_of, print_fn):
+def _cold_start(world, cfg, seed, cold, items, search_model, print_fn):
     """Recall@1 of users whose next item was uploaded after training,
     unconstrained and constrained to the pool of new items."""
     cold_histories, cold_targets = make_users(
         world, 4 * cfg["test_users"], HISTORY, cold_targets=True, seed=seed + 3
     )
-    cold_histories = history_tokens(cold_histories)
+    cold_histories = items.history_tokens(cold_histories)
     free = _decode(search_model(None), cold_histories)
-    free_top1 = index_of(np.arange(world.num_items)).lookup_item_ids(free["tokens"][:, 0])
-    pool = _decode(search_model(index_of(cold)), cold_histories)
+    free_top1 = items.index_of(np.arange(world.num_items)).lookup_item_ids(free["tokens"][:, 0])
+    pool = _decode(search_model(items.index_of(cold)), cold_histories)
+    ids = items.ids
     cold_start = dict(
         items=len(cold),
         users=len(cold_targets),
@@ -222,33 +186,6 @@ def _cold_start(world, cfg, seed, cold, ids, history_tokens, search_model, index
              f"{cold_start['unconstrained_recall_at_1']:.1%}, constrained to the pool "
              f"{cold_start['constrained_recall_at_1']:.1%}")  # fmt: skip
     return cold_start
-
-
-def _train_decoder(world, cfg, sids, vocab, history_in, history_tokens, seed):
-    """`(decoder, seconds)`: a small transformer decoder trained with teacher
-    forcing on users' next items."""
-    length = sids.shape[1]
-    histories, targets = make_users(world, cfg["train_users"], HISTORY, seed=seed + 1)
-    decoder = CachedTransformerDecoder(
-        vocab, length, context_vocab_size=vocab * length + 1, hidden_dim=cfg["hidden"],
-        num_heads=4, num_layers=2,
-    )  # fmt: skip
-    decoder.build()  # its variables are named after the decoder, not the trainer
-    target_in = keras.Input((length,), dtype="int32", name="target")
-    trainer = keras.Model(
-        [history_in, target_in],
-        TeacherForcing(decoder)(history_in, target_in),
-    )
-    trainer.compile(
-        optimizer=keras.optimizers.Adam(2e-3),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    train_start = time.perf_counter()
-    trainer.fit(
-        [history_tokens(histories), sids[targets]], sids[targets], batch_size=256,
-        epochs=cfg["epochs"], verbose=1 if sys.stdout.isatty() else 2,  # no bars in a log file
-    )  # fmt: skip
-    return decoder, time.perf_counter() - train_start
 
 
 def _decode(model, inputs):

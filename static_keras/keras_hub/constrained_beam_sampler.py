@@ -157,18 +157,7 @@ class ConstrainedBeamSampler(keras_hub.samplers.Sampler):
             scores, forced = self._candidate_scores(
                 logits, states, in_prompt, prompt_token, end_token
             )
-            vocab_size = ops.shape(scores)[-1]
-            total = ops.reshape(log_probs[:, None] + scores, (-1, beams * vocab_size))
-            # Sorted where finished beams are told apart by rank (`distinct_items`).
-            top, choice = ops.top_k(total, k=beams, sorted=self.distinct_items)
-            choice = ops.cast(choice, "int32")
-            parent = ops.reshape(
-                ops.arange(ops.shape(choice)[0], dtype="int32")[:, None] * beams
-                + choice // vocab_size,
-                (-1,),
-            )
-            token = ops.reshape(choice % vocab_size, (-1,))
-            log_probs = ops.reshape(top, (-1,))
+            log_probs, parent, token = self._top_beams(log_probs, scores)
             prompt = ops.take(prompt, parent, axis=0)
             if has_cache:
                 cache = tree.map_structure(lambda x: ops.take(x, parent, axis=0), cache)
@@ -193,8 +182,28 @@ class ConstrainedBeamSampler(keras_hub.samplers.Sampler):
             maximum_iterations=max_length - index,
             model=model,
         )
-        all_prompts = ops.reshape(prompt, (-1, beams, max_length))
-        all_log_probs = ops.reshape(log_probs, (-1, beams))
+        return self._result(prompt, log_probs, max_length)
+
+    def _top_beams(self, log_probs, scores):
+        """`(log_probs, parent, token)`, each `[R]`: the best `num_beams` of
+        each batch row's beams x next tokens (`scores [R, V]`)."""
+        beams = self.num_beams
+        vocab_size = ops.shape(scores)[-1]
+        total = ops.reshape(log_probs[:, None] + scores, (-1, beams * vocab_size))
+        # Sorted where finished beams are told apart by rank (`distinct_items`).
+        top, choice = ops.top_k(total, k=beams, sorted=self.distinct_items)
+        choice = ops.cast(choice, "int32")
+        parent = ops.reshape(
+            ops.arange(ops.shape(choice)[0], dtype="int32")[:, None] * beams + choice // vocab_size,
+            (-1,),
+        )
+        return ops.reshape(top, (-1,)), parent, ops.reshape(choice % vocab_size, (-1,))
+
+    def _result(self, prompt, log_probs, max_length):
+        """The best beam of each row, or (`return_all_beams`) every beam with
+        its log-probability, best first."""
+        all_prompts = ops.reshape(prompt, (-1, self.num_beams, max_length))
+        all_log_probs = ops.reshape(log_probs, (-1, self.num_beams))
         if self.return_all_beams:
             order = ops.argsort(-all_log_probs, axis=-1)
             return (

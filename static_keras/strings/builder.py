@@ -117,15 +117,9 @@ def build_string_arrays(
     tokens = vocabulary.trie
     clock["vocabulary_trie"] = time.perf_counter()
     indptr, tok, dst = kernels.join(
-        byte,
-        subtree_end,
-        member_of,
-        tokens.dense_children,
-        tokens.node_info,
-        tokens.trie.byte,
-        tokens.token_ids,
-        eos,
-    )
+        byte, subtree_end, member_of, tokens.dense_children, tokens.node_info, tokens.trie.byte,
+        tokens.token_ids, eos,
+    )  # fmt: skip
     join_edges = int(tok.size) - num_members
     clock["join"] = time.perf_counter()
 
@@ -139,14 +133,10 @@ def build_string_arrays(
     # 4. Renumber: live trie states in preorder, then one accept state per member.
     live = reached & alive
     num_trie_states = int(live.sum())
-    indptr, tok, next_state, widths = kernels.renumber(
-        indptr, tok, dst, live, lo, hi, window, eos, num_members
+    indptr, tok, next_state, step_widths = _renumbered(
+        indptr, tok, dst, live, lo, hi, window, eos, num_members, max_length
     )
     num_states = num_trie_states + num_members
-    widths = np.maximum(widths, 1)  # accept states (EOS loop) or nothing at all
-    if widths.size < max_length:
-        widths = np.concatenate([widths, np.ones(max_length - widths.size, widths.dtype)])
-    step_widths = widths[:max_length]
     counts = np.diff(indptr)
     clock["widths"] = time.perf_counter()
 
@@ -176,6 +166,19 @@ def build_string_arrays(
         seconds=_phase_seconds(clock),
     )
     return layout, arrays, _host_arrays(encoded), stats
+
+
+def _renumbered(indptr, tok, dst, live, lo, hi, window, eos, num_members, max_length):
+    """`(indptr, tokens, next_states, step_widths)` over the live trie states
+    in preorder, then one accept state per member; a step's width is at
+    least 1 (accept states loop on EOS) and there are `max_length` of them."""
+    indptr, tok, next_state, widths = kernels.renumber(
+        indptr, tok, dst, live, lo, hi, window, eos, num_members
+    )
+    widths = np.maximum(widths, 1)
+    if widths.size < max_length:
+        widths = np.concatenate([widths, np.ones(max_length - widths.size, widths.dtype)])
+    return indptr, tok, next_state, widths[:max_length]
 
 
 def _checked_arguments(vocabulary, eos_token_id, max_length) -> int:
