@@ -43,68 +43,41 @@ def beam_search(
     beam_size` rows: `step_fn` scores the next token, log-softmax in
     float32, the index gives each beam its `K_t` valid candidates, and the
     best `beam_size` of the `beam_size * K_t` extensions survive. The
-    decoder state is reordered by parent beam at every step, like the token
-    history, so a KV cache stays aligned with its beam. The first step has
-    one live beam per batch row, so `step_fn` scores only those: it is
-    called with `B` rows (`prefix` `[B, 0]`, the state's row of each batch
-    row), and every later step with `R`.
-
-    With `beam_size` at least the number of valid sequences the result is
-    exact: every valid sequence, ranked by total log-probability.
+    decoder state is reordered by parent beam at every step, so a KV cache
+    stays aligned with its beam. The first step has one live beam per batch
+    row, so `step_fn` scores only those (`B` rows). With `beam_size` at
+    least the number of valid sequences the result is exact: every valid
+    sequence, ranked by total log-probability. docs/api.md has the details.
 
     Args:
-        index: a `TokenAutomaton` (`StaticIndex`, `StringIndex`), which is
-            turned into its layer (`constraint_for`), a `DecodingConstraint`
-            (the layers `ConstrainedDecoding`, `StringConstrainedDecoding`,
-            or the benchmarks' baselines), or None for an unconstrained
-            search (the baseline: plain top-k over the vocabulary, `length`
-            steps). Item ids are returned when the constraint
-            `has_item_ids`. A constraint with an int `eos_token_id` decodes
-            variable-length sequences: a beam ends when it emits that token
-            (later positions are -1) and only ended beams are returned.
-        step_fn: `step_fn(prefix, state) -> (logits, state)`. `prefix` is
-            int32 `[rows, t]` (the tokens so far), `logits` `[rows, V]`,
-            `state` any nest of tensors with leading dimension `rows`:
-            `B` at the first step (`t = 0`), `R` after it. Rows are
-            independent: row i's logits depend on row i alone.
+        index: a `TokenAutomaton` (`StaticIndex`, `StringIndex`: its layer is
+            made with `constraint_for`), a `DecodingConstraint`, or None (an
+            unconstrained search over `length` steps). A constraint with an
+            int `eos_token_id` decodes variable-length sequences: a beam ends
+            at that token (later positions are -1); only ended beams return.
+        step_fn: `step_fn(prefix, state) -> (logits, state)`: `prefix` int32
+            `[rows, t]`, `logits` `[rows, V]`, `state` any nest of tensors
+            with leading dimension `rows` (`B` at `t = 0`, `R` after it).
+            Rows are independent.
         batch_size: int (or scalar int tensor), B.
         beam_size: int, M, beams kept per batch row.
-        initial_state: nest of tensors with leading dimension B (one row
-            per batch row, as a prompt's cache) or R (rows ordered
-            batch-major, row `b * beam_size + m`; the first step reads row
-            `b * beam_size`). Defaults to None.
-        num_results: int K <= beam_size, results returned per batch row.
-            Defaults to `beam_size`.
-        dense_top_k: int. Tokens per beam (the reference code's name; the
-            constraint's `top_k`) at the steps after the first whose rows
-            come from the vocabulary: the dense-head steps of a semantic-ID
-            set (its CSR steps keep their `B_t` slots, as in the reference),
-            every step of a string set or of an unconstrained search. The
-            first step has one live beam per batch row and keeps its best
-            `beam_size` candidates whatever this is. Defaults to
-            `beam_size` (exact: a beam never contributes more than
-            `beam_size` survivors).
-        length: int. Steps of an unconstrained search; must be None (the
-            index's length is used) when `index` is given.
-        distinct_items: bool. With an EOS constraint, keep one finished beam
-            per final state: a string set spells one member by several
-            tokenizations (`a|bc`, `ab|c`), all ending in the member's
-            accept state, and without this the results would repeat the
-            member. At every step, a finished beam whose state a better
-            finished beam already holds is dropped, which frees its slot
-            for other candidates; each member is returned once, with its
-            best tokenization found. Lossless: a finished beam's score never
-            changes. No effect on fixed-length sets (every leaf is one
-            item). Defaults to True; False returns every tokenization.
-        eligibility: None, or `(set_ids, excluded)` per batch row: int32
-            `[B]` eligibility set ids (-1: no set) and int32 `[B, E]` excluded
-            member numbers padded with `num_members`
-            (`MemberCatalogue.exclusion_members`); either may be None. Needs
-            an `AutomatonConstraint` with eligibility sets. Every step keeps
-            only candidates with an eligible, non-excluded member below, so
-            every result is one, and with `beam_size` at least their number
-            the results are their exhaustive ranking. A batch row's beams
-            never leave it, so each beam reads its batch row's entry.
+        initial_state: nest of tensors with leading dimension B, or R (row
+            `b * beam_size + m`; the first step reads row `b * beam_size`).
+        num_results: int K <= beam_size (the default), results per batch row.
+        dense_top_k: int, tokens per beam (the constraint's `top_k`) at the
+            steps after the first whose rows come from the vocabulary: the
+            dense head of semantic IDs, every step of a string set or of an
+            unconstrained search. Defaults to `beam_size` (exact).
+        length: int, steps of an unconstrained search (None with an index).
+        distinct_items: bool. With an EOS constraint, each member once, with
+            its best tokenization found (a finished beam whose state a better
+            finished beam holds is dropped; lossless). False: every
+            tokenization. No effect on fixed-length sets. Defaults to True.
+        eligibility: None, or `(set_ids int32 [B], excluded int32 [B, E])`
+            per batch row (set -1: any; excluded member numbers padded with
+            `num_members`; either may be None), for a layer with eligibility
+            sets: every result is eligible and not excluded, and with
+            `beam_size` at least their number, their exhaustive ranking.
 
     Returns:
         dict with `tokens` int32 `[B, K, L]`, `scores` float32 `[B, K]` (sum of
@@ -132,27 +105,11 @@ def beam_search(
         LLM-based Generative Retrieval on Accelerators" (arXiv:2602.22647).
     """
     constraint = _constraint_of(index, length)
-    beam_size = _positive_int(beam_size, "beam_size")
-    num_results = beam_size if num_results is None else _positive_int(num_results, "num_results")
-    if num_results > beam_size:
-        raise ValueError(
-            f"`num_results` must be at most `beam_size`={beam_size}. "
-            f"Received: num_results={num_results}"
-        )
-    dense_top_k = beam_size if dense_top_k is None else _positive_int(dense_top_k, "dense_top_k")
-    if isinstance(batch_size, (int, np.integer)):
-        batch_size = _positive_int(batch_size, "batch_size")
+    beam_size, num_results, dense_top_k, batch_size = _checked_sizes(
+        beam_size, num_results, dense_top_k, batch_size
+    )
     rows = batch_size * beam_size
-    per_batch_row = per_beam_row = None
-    if eligibility is not None:
-        if not isinstance(constraint, AutomatonConstraint):
-            raise ValueError(
-                "`eligibility` needs an AutomatonConstraint index (StaticIndex, "
-                "StringIndex, or their layers) built with eligibility sets"
-            )
-        # Set out once per decode; every later state was entered under it.
-        per_batch_row = constraint.check_eligibility(eligibility, rows=batch_size)
-        per_beam_row = eligibility_request.repeat_rows(per_batch_row, beam_size, entered=True)
+    per_batch_row, per_beam_row = _eligibility_rows(constraint, eligibility, batch_size, beam_size)
     search = beam_steps.Search(
         constraint,
         batch_size,
@@ -180,6 +137,36 @@ def beam_search(
             ranked = beam_steps.rank(search, step_rows, extensions)
             beams = beam_steps.reorder(search, beams, step_rows, extensions, ranked, step)
         return beam_steps.finish(search, beams, num_results)
+
+
+def _checked_sizes(beam_size, num_results, dense_top_k, batch_size):
+    """`(beam_size, num_results, dense_top_k, batch_size)` checked, defaults filled."""
+    beam_size = _positive_int(beam_size, "beam_size")
+    num_results = beam_size if num_results is None else _positive_int(num_results, "num_results")
+    if num_results > beam_size:
+        raise ValueError(
+            f"`num_results` must be at most `beam_size`={beam_size}. "
+            f"Received: num_results={num_results}"
+        )
+    dense_top_k = beam_size if dense_top_k is None else _positive_int(dense_top_k, "dense_top_k")
+    if isinstance(batch_size, (int, np.integer)):
+        batch_size = _positive_int(batch_size, "batch_size")
+    return beam_size, num_results, dense_top_k, batch_size
+
+
+def _eligibility_rows(constraint, eligibility, batch_size, beam_size):
+    """A request's eligibility per batch row and per beam row (None, None
+    without one), checked and set out once per decode: every later state
+    was entered under it."""
+    if eligibility is None:
+        return None, None
+    if not isinstance(constraint, AutomatonConstraint):
+        raise ValueError(
+            "`eligibility` needs an AutomatonConstraint index (StaticIndex, "
+            "StringIndex, or their layers) built with eligibility sets"
+        )
+    per_batch_row = constraint.check_eligibility(eligibility, rows=batch_size)
+    return per_batch_row, eligibility_request.repeat_rows(per_batch_row, beam_size, entered=True)
 
 
 def _constraint_of(index, length) -> DecodingConstraint:
