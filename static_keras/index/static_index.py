@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from static_keras.index import member_ranges
+from static_keras.index import tree_walk
 from static_keras.index.automaton import TokenAutomaton
 from static_keras.index.builder import DEFAULT_DENSE_BUDGET_BYTES
 from static_keras.index.builder import build_arrays
@@ -142,36 +143,7 @@ class StaticIndex(TokenAutomaton):
         return self._walk(prefixes)
 
     def _walk(self, prefixes: np.ndarray) -> np.ndarray:
-        layout, vocab = self._layout, self.vocab_size
-        n, t_end = prefixes.shape
-        code = np.zeros(n, dtype=np.int64)  # the prefix as a base-V number (t < d)
-        state = np.zeros(n, dtype=np.int64)  # tail state (t >= d); -1: left the set
-        masks = self._arrays["dense_masks"]
-        tokens = self._arrays["tokens"]
-        in_range = (prefixes >= 0) & (prefixes < vocab)
-        for t in range(t_end):
-            ok = (state >= 0) & in_range[:, t]
-            token = np.where(ok, prefixes[:, t], 0)
-            if t < layout.dense_levels:
-                row = layout.dense_mask_offsets[t] + np.where(ok, code, 0)
-                word = masks[row, token >> 5].view(np.uint32) if n else masks[:0, 0]
-                ok &= ((word >> (token & 31).astype(np.uint32)) & 1).astype(bool)
-                code = np.where(ok, code * vocab + token, 0)
-                state = np.where(ok, 0, -1)
-                if t + 1 == layout.dense_levels:
-                    dense = self._arrays["dense_states"]
-                    state = np.where(ok, dense[code], -1)
-            else:
-                # Rows that left the set look up the level's first state instead.
-                first = layout.tail_state_offsets[t]
-                start, end = self._row_bounds(np.where(ok, state, first), t)
-                edge = _search_rows(tokens, start, end, token)
-                ok &= edge >= 0
-                state = np.where(ok, edge + layout.level_sizes[layout.dense_levels], -1)
-        if t_end < layout.dense_levels:
-            offset = layout.dense_mask_offsets[t_end]
-            return np.where(state >= 0, offset + code, -1)
-        return np.where(state >= 0, layout.dense_head_states + state, -1)
+        return tree_walk.walk(self._layout, self._arrays, prefixes)
 
     def depth(self, states) -> np.ndarray:
         """int64 `[n]`: tokens decoded to reach each state, -1 outside the index."""
@@ -179,17 +151,6 @@ class StaticIndex(TokenAutomaton):
         starts = np.asarray(self._layout.depth_starts, np.int64)
         depth = np.searchsorted(starts, states, side="right") - 1
         return np.where((states >= 0) & (states < self._layout.state_space), depth, -1)
-
-    def _row_bounds(self, states: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """CSR row [start, end) of tail states at depth t."""
-        layout = self._layout
-        local = states - layout.tail_state_offsets[t]
-        if t in layout.indptr_offsets:
-            indptr = self._arrays["indptr"]
-            row = layout.indptr_offsets[t] + local
-            return indptr[row].astype(np.int64), indptr[row + 1].astype(np.int64)
-        start = layout.edge_offsets[t] + local
-        return start, start + 1
 
     def edges(self, states) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All valid `(row, token, next_state)` of decoding `states`, sorted by
@@ -292,37 +253,4 @@ class StaticIndex(TokenAutomaton):
     def _expand(self, state: np.ndarray, t: int):
         """All edges out of codes (t < d) or tail states at depth t:
         `(row, token, next code or tail state)`."""
-        layout, vocab = self._layout, self.vocab_size
-        if t < layout.dense_levels:
-            packed = self._arrays["dense_masks"][layout.dense_mask_offsets[t] + state]
-            bits = np.unpackbits(packed.view(np.uint8), axis=1, bitorder="little")
-            row, token = np.nonzero(bits[:, :vocab])
-            next_state = state[row] * vocab + token
-            if t + 1 == layout.dense_levels:
-                next_state = self._arrays["dense_states"][next_state].astype(np.int64)
-            return row, token.astype(np.int32), next_state
-        start, end = self._row_bounds(state, t)
-        counts = end - start
-        row = np.repeat(np.arange(state.size), counts)
-        first = np.cumsum(counts) - counts  # position of each row's first edge
-        edge = np.arange(counts.sum()) - np.repeat(first - start, counts)
-        token = self._arrays["tokens"][edge].astype(np.int32)
-        return row, token, edge + layout.level_sizes[layout.dense_levels]
-
-
-def _search_rows(
-    tokens: np.ndarray, start: np.ndarray, end: np.ndarray, target: np.ndarray
-) -> np.ndarray:
-    """Edge in `tokens[start:end]` (sorted per row) equal to target, else -1."""
-    lo, hi = start.copy(), end.copy()
-    while True:
-        active = lo < hi
-        if not active.any():
-            break
-        mid = (lo + hi) // 2
-        value = tokens[np.where(active, mid, 0)].astype(np.int64)
-        go_right = active & (value < target)
-        lo = np.where(go_right, mid + 1, lo)
-        hi = np.where(active & ~go_right, mid, hi)
-    found = (lo < end) & (tokens[np.minimum(lo, tokens.size - 1)].astype(np.int64) == target)
-    return np.where(found, lo, -1)
+        return tree_walk.expand(self._layout, self._arrays, state, t)
