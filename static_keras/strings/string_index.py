@@ -13,7 +13,7 @@ from static_keras.strings import kernels
 from static_keras.strings.builder import BuildStats
 from static_keras.strings.builder import build_string_arrays
 from static_keras.strings.layout import StringIndexLayout
-from static_keras.strings.vocabulary import TokenVocabulary
+from static_keras.strings.vocabulary import vocabulary_and_eos
 
 
 class StringIndex(TokenAutomaton):
@@ -46,6 +46,7 @@ class StringIndex(TokenAutomaton):
 
     Example:
 
+    >>> from static_keras.strings import TokenVocabulary
     >>> vocab = TokenVocabulary.from_token_bytes(
     ...     [b"a", b"b", b"c", b"ab", b"bc", b"<eos>"], special=[5])
     >>> index = StringIndex.from_strings(["abc", "b"], vocab, eos_token_id=5)
@@ -124,26 +125,7 @@ class StringIndex(TokenAutomaton):
                 sequence spells, an EOS id outside the vocabulary, a
                 `max_length` too short for some member.
         """
-        if isinstance(vocabulary, (str, os.PathLike)):
-            vocabulary = TokenVocabulary.load(vocabulary)
-        elif isinstance(vocabulary, (list, tuple)):
-            vocabulary = TokenVocabulary.from_token_bytes(vocabulary)
-        elif not isinstance(vocabulary, TokenVocabulary):
-            raise ValueError(
-                "`vocabulary` must be a TokenVocabulary, a list of token bytes or the path "
-                f"of a .gguf, .tiktoken or tokenizer.json file. Received: {vocabulary!r:.80}"
-            )
-        if eos_token_id is None:
-            eos_token_id = vocabulary.eos_token_id
-            if eos_token_id is None:
-                raise ValueError(
-                    f"`eos_token_id` is required: the vocabulary"
-                    f"{f' {vocabulary.name!r}' if vocabulary.name else ''} does "
-                    "not name an end-of-sequence token. Pass `eos_token_id=` here, or give "
-                    "the vocabulary one (a .tiktoken file holds no special tokens: "
-                    "`TokenVocabulary.load(path, special_tokens={'<|endoftext|>': 50256})` "
-                    "for GPT-2's)"
-                )
+        vocabulary, eos_token_id = vocabulary_and_eos(vocabulary, eos_token_id)
         layout, arrays, host, stats = build_string_arrays(
             strings, vocabulary, eos_token_id=eos_token_id, max_length=max_length
         )

@@ -270,3 +270,30 @@ class TokenVocabulary:
             f"special={int(self._special.sum())}, eos_token_id={self.eos_token_id}, "
             f"name={self.name!r})"
         )
+
+
+def vocabulary_and_eos(vocabulary, eos_token_id: int | None) -> tuple[TokenVocabulary, int]:
+    """`(TokenVocabulary, eos_token_id)` from what `StringIndex.from_strings`
+    takes: a vocabulary, a list of token bytes or a tokenizer file's path;
+    the EOS id given, else the vocabulary's (ValueError when neither)."""
+    if isinstance(vocabulary, (str, os.PathLike)):
+        vocabulary = TokenVocabulary.load(vocabulary)
+    elif isinstance(vocabulary, (list, tuple)):
+        vocabulary = TokenVocabulary.from_token_bytes(vocabulary)
+    elif not isinstance(vocabulary, TokenVocabulary):
+        raise ValueError(
+            "`vocabulary` must be a TokenVocabulary, a list of token bytes or the path "
+            f"of a .gguf, .tiktoken or tokenizer.json file. Received: {vocabulary!r:.80}"
+        )
+    if eos_token_id is None:
+        eos_token_id = vocabulary.eos_token_id
+        if eos_token_id is None:
+            raise ValueError(
+                f"`eos_token_id` is required: the vocabulary"
+                f"{f' {vocabulary.name!r}' if vocabulary.name else ''} does "
+                "not name an end-of-sequence token. Pass `eos_token_id=` here, or give "
+                "the vocabulary one (a .tiktoken file holds no special tokens: "
+                "`TokenVocabulary.load(path, special_tokens={'<|endoftext|>': 50256})` "
+                "for GPT-2's)"
+            )
+    return vocabulary, eos_token_id
