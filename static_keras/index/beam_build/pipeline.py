@@ -143,36 +143,35 @@ def build_index_beam(
         report(f"reading 0/{len(files)} files", 0.0)
         with staging_files.Watcher(plan, len(files), report):
             _run(plan, files, pipeline_options)
-        staging_files.raise_first_error(staging)
-        keys, counts, widths = staging_files.read_summaries(staging, len(files), spec.length)
-        layout = plan_layout(
-            keys,
-            counts,
-            widths,
-            vocab_size=vocab_size,
-            p=p,
-            dense_levels=dense_levels,
-            dense_budget_bytes=dense_budget_bytes,
-            has_item_ids=bool(item_id_field),
-        )
-
-        def read_tail(j):
-            with FileSystems.open(staging_files.part_path(staging, keys[j])) as file:
-                return partitions.from_bytes(file.read())
-
-        def merged(j):
-            if j % max(1, len(keys) // 50) == 0 or j + 1 == len(keys):
-                report(f"merging {j + 1}/{len(keys)}", 0.8 + 0.15 * (j + 1) / len(keys))
-
-        arrays = merge_tails(layout, keys, counts, read_tail, p, progress=merged)
-        index = StaticIndex(layout, arrays)
-        del arrays
+        layout_options = dict(vocab_size=vocab_size, dense_levels=dense_levels,
+                              dense_budget_bytes=dense_budget_bytes,
+                              has_item_ids=bool(item_id_field))  # fmt: skip
+        index = _assembled(staging, len(files), spec.length, p, layout_options, report)
         report("writing", 0.95)
         index.save(out)
         report("saved", 1.0)
         return index
     finally:
         staging_files.remove(staging)
+
+
+def _assembled(staging, num_files, length, p, layout_options: dict, report) -> StaticIndex:
+    """The `StaticIndex` of the pipeline's staged output: the partitions'
+    summaries give the layout (`layout_options`: `plan_layout`'s settings),
+    then their tails merge into its arrays."""
+    staging_files.raise_first_error(staging)
+    keys, counts, widths = staging_files.read_summaries(staging, num_files, length)
+    layout = plan_layout(keys, counts, widths, p=p, **layout_options)
+
+    def read_tail(j):
+        with FileSystems.open(staging_files.part_path(staging, keys[j])) as file:
+            return partitions.from_bytes(file.read())
+
+    def merged(j):
+        if j % max(1, len(keys) // 50) == 0 or j + 1 == len(keys):
+            report(f"merging {j + 1}/{len(keys)}", 0.8 + 0.15 * (j + 1) / len(keys))
+
+    return StaticIndex(layout, merge_tails(layout, keys, counts, read_tail, p, progress=merged))
 
 
 # The pipeline ----------------------------------------------------------------
