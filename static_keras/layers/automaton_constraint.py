@@ -59,7 +59,7 @@ class AutomatonConstraint(keras.layers.Layer, EligibilityMethods, DecodingConstr
     Subclasses: `ConstrainedDecoding` (semantic IDs) and
     `StringConstrainedDecoding` (string sets); `constraint_for(index)` picks
     the one of an index. See the module docstring for what a kind supplies;
-    the methods about eligibility sets are `EligibilityMethods`'.
+    the methods about eligibility sets come from `EligibilityMethods`.
     """
 
     #: The host class whose arrays this layer holds, and its layout class.
