@@ -143,10 +143,11 @@ def build_index_beam(
         report(f"reading 0/{len(files)} files", 0.0)
         with staging_files.Watcher(plan, len(files), report):
             _run(plan, files, pipeline_options)
-        layout_options = dict(vocab_size=vocab_size, dense_levels=dense_levels,
-                              dense_budget_bytes=dense_budget_bytes,
-                              has_item_ids=bool(item_id_field))  # fmt: skip
-        index = _assembled(staging, len(files), spec.length, p, layout_options, report)
+        index = _assembled(
+            staging, len(files), spec.length, p, report, vocab_size=vocab_size,
+            dense_levels=dense_levels, dense_budget_bytes=dense_budget_bytes,
+            has_item_ids=bool(item_id_field),
+        )  # fmt: skip
         report("writing", 0.95)
         index.save(out)
         report("saved", 1.0)
@@ -155,7 +156,7 @@ def build_index_beam(
         staging_files.remove(staging)
 
 
-def _assembled(staging, num_files, length, p, layout_options: dict, report) -> StaticIndex:
+def _assembled(staging, num_files, length, p, report, **layout_options) -> StaticIndex:
     """The `StaticIndex` of the pipeline's staged output: the partitions'
     summaries give the layout (`layout_options`: `plan_layout`'s settings),
     then their tails merge into its arrays."""
