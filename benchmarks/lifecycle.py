@@ -853,7 +853,8 @@ def job_main(args) -> None:
         from static_keras.export.model_layers import beam_searches
 
         model = timed("model_load_s", "model_load", lambda: saving.load_model(args.model))
-        newest = os.path.join(args.base, str(newest_good_version(args.base)))
+        served_version = newest_good_version(args.base)
+        newest = os.path.join(args.base, str(served_version))
         served = timed(
             "served_sets_s",
             "read_served_sets",
@@ -872,7 +873,11 @@ def job_main(args) -> None:
             "publish_s",
             "publish",
             lambda: publish(
-                new_model, args.base, warmup_batch_sizes=WARMUP_BATCHES, model_name=MODEL
+                new_model,
+                args.base,
+                based_on=served_version,  # rules published meanwhile are carried in
+                warmup_batch_sizes=WARMUP_BATCHES,
+                model_name=MODEL,
             ),
         )
         report["publish_s_notes"] = (

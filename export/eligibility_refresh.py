@@ -15,7 +15,6 @@ TensorFlow waits seconds for it before its change can reach a server.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 import shutil
@@ -28,6 +27,12 @@ from static_keras.export import checkpoint_patch
 from static_keras.export.leftovers import DEFAULT_STALE_AFTER_SECONDS
 from static_keras.export.metadata import METADATA_FILENAME
 from static_keras.export.metadata import read_metadata
+from static_keras.export.publish import list_versions
+from static_keras.export.publish import new_version
+from static_keras.export.publish import newest_good_version
+from static_keras.export.publish import publish_staged
+from static_keras.export.version_lock import PublishConflict
+from static_keras.export.version_lock import check_base_path
 from static_keras.index import dense_eligibility
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.member_catalogue import MemberCatalogue
@@ -55,6 +60,8 @@ class EligibilityRefreshInfo:
     removed_versions: tuple[int, ...]
     rejected_versions: tuple[int, ...]
     seconds: float
+    #: Versions published while the job ran, which it rebased onto (in order).
+    rebased_onto: tuple[int, ...] = ()
     #: Versions found not to load, moved out of the integer namespace (as `publish` does).
     quarantined_versions: tuple[int, ...] = ()
     quarantined_paths: tuple[str, ...] = ()
@@ -124,6 +131,15 @@ def refresh_eligibility(
 ) -> EligibilityRefreshInfo:
     """Publishes a new version whose only change is the eligibility sets.
 
+    Jobs overlap (docs/serving.md, "When jobs overlap"): when another job
+    publishes while this one runs, this one rebases before its version
+    becomes visible. It applies its change (the sets it names, or those
+    of `eligibility_sets` that differ from the source's) to the newest
+    version's sets and stages again from the newest version, whose graph
+    and index may be a new catalogue's (item ids it no longer holds drop
+    out). A change published meanwhile to another set is kept; one to the
+    same set is replaced by this job's, published later.
+
     Args:
         model_base_path: the directory TF Serving polls (versions `1`, `2`, ...).
         eligibility_sets: an `EligibilitySets` over the served index (same
@@ -131,9 +147,10 @@ def refresh_eligibility(
             rebuild (the others keep their current members).
         source_version: the version to copy; defaults to the newest that
             loads (`newest_good_version`: a rejected newer one is moved out
-            of the integer namespace, as `publish` does).
+            of the integer namespace, as `publish` does). A job given one
+            refuses, rather than rebases, when a version lands meanwhile.
         version: the new version number; defaults to one above every
-            version (as in `publish`).
+            version when the new one becomes visible (as in `publish`).
         keep, stale_after_seconds: as in `publish`.
         check: bool. Read the new checkpoint back as TensorFlow's reader
             does (every tensor's checksum, the new values) before the version
@@ -146,74 +163,150 @@ def refresh_eligibility(
     Returns:
         `EligibilityRefreshInfo`.
     """
-    # Imported here: publish imports the export, and `static_keras.export.publish`
-    # names the function once the package is imported.
-    publish_module = importlib.import_module("static_keras.export.publish")
 
     start = time.perf_counter()
     base = os.fspath(model_base_path)
-    existing = publish_module.list_versions(base)
+    check_base_path(base)
+    existing = list_versions(base)
     if not existing:
         raise ValueError(f"No versions under {base!r} to refresh")
+    given_source = source_version is not None
     if source_version is None:
-        source_version = publish_module.newest_good_version(base)
+        source_version = newest_good_version(base)
         if source_version is None:
             raise ValueError(
                 f"No version under {base!r} loads (versions: {existing}): publish a good "
                 "version before refreshing its sets"
             )
+    if source_version not in existing and not given_source:
+        existing = list_versions(base)  # published since we listed
     if source_version not in existing:
         raise ValueError(f"No version {source_version} under {base!r} (versions: {existing})")
-    version = publish_module.new_version(base, existing, version, keep)
+    new_version(base, existing, version, keep)  # bad arguments fail before anything is written
 
-    source = os.path.join(base, str(source_version))
-    metadata = read_metadata(source)
-    current = read_eligibility(source)
+    current = read_eligibility(os.path.join(base, str(source_version)))
     sets = _new_sets(current, eligibility_sets)
+    state = {"source": source_version, "sets": sets}
 
     def write(staging):
-        # Everything but the checkpoint is copied (small files); the
-        # checkpoint links the source's shards and writes only the new sets.
-        # TensorFlow's fingerprint.pb hashes the checkpoint index: the
-        # source's would name the source, and the loader reads it only for
-        # metrics, so the refreshed version has none.
-        shutil.copytree(source, staging, ignore=_top_level("variables", _FINGERPRINT))
-        info = metadata["eligibility"]
-        replaced = _rewrite_checkpoint(
-            source, staging, info["variables"], sets, info.get("dense_masks")
-        )
-        metadata["eligibility_refresh"] = {
-            "source_version": source_version,
-            "refreshed_unix": time.time(),
-            "sizes": sets.sizes(),
-        }
-        with open(os.path.join(staging, "assets", METADATA_FILENAME), "w") as file:
-            json.dump(metadata, file, indent=2, sort_keys=True)
-        if check:
-            _verify_checkpoint(source, staging, replaced)
+        source = os.path.join(base, str(state["source"]))
+        note = {"source_version": state["source"]}
+        try:
+            write_with_sets(source, staging, state["sets"], note, check=check)
+        except FileNotFoundError:
+            if os.path.isdir(source):
+                raise
+            raise PublishConflict(
+                f"version {state['source']} was removed while this job copied it (by a job "
+                "with a small keep): nothing was published; rerun the job"
+            ) from None
 
-    staged = publish_module.publish_staged(
+    def rebase(staging, head):
+        shutil.rmtree(staging, ignore_errors=True)
+        if given_source:
+            raise PublishConflict(
+                f"version {head} was published while this job refreshed version "
+                f"{source_version} (--source-version): nothing was published; rerun it over "
+                f"version {head}, or without a source version"
+            )
+        newest = _sets_of(base, head)
+        if newest.names != current.names:
+            raise PublishConflict(
+                f"version {head}, published while this job ran, holds the sets "
+                f"{list(newest.names)} where the job read {list(current.names)}: nothing was "
+                "published; rerun the job"
+            )
+        state["sets"] = _applied(newest, _change(current, sets, eligibility_sets))
+        state["source"] = head
+        write(staging)
+        return staging
+
+    staged = publish_staged(
         base,
-        version,
         write,
+        read_version=max(existing[-1], source_version),
+        rebase=rebase,
+        version=version,
         keep=keep,
-        xla=bool(metadata.get("xla")),
+        xla=bool(read_metadata(os.path.join(base, str(source_version))).get("xla")),
         check=False,
         verified=check,
         stale_after_seconds=stale_after_seconds,
         what="The refreshed version",
     )
     return EligibilityRefreshInfo(
-        version=version,
+        version=staged.version,
         path=staged.path,
-        source_version=source_version,
-        sizes=sets.sizes(),
+        source_version=state["source"],
+        sizes=state["sets"].sizes(),
         removed_versions=staged.removed_versions,
         rejected_versions=staged.rejected_versions,
         seconds=time.perf_counter() - start,
         quarantined_versions=staged.quarantined_versions,
         quarantined_paths=staged.quarantined_paths,
+        rebased_onto=staged.rebased_onto,
     )
+
+
+def write_with_sets(source: str, staging: str, sets: EligibilitySets, note: dict, *, check: bool):
+    """Stages at `staging` the version at `source` with `sets` in place of
+    its own: everything but the checkpoint is copied (small files); the
+    checkpoint links the source's shards and writes only the set tensors
+    (and the dense-step masks derived from them); `note` goes into the
+    metadata's "eligibility_refresh". With `check`, read back."""
+    metadata = read_metadata(source)
+    # TensorFlow's fingerprint.pb hashes the checkpoint index: the source's
+    # would name the source, and the loader reads it only for metrics, so
+    # the refreshed version has none.
+    shutil.copytree(source, staging, ignore=_top_level("variables", _FINGERPRINT))
+    info = metadata["eligibility"]
+    replaced = _rewrite_checkpoint(
+        source, staging, info["variables"], sets, info.get("dense_masks")
+    )
+    metadata["eligibility_refresh"] = {
+        **note,
+        "refreshed_unix": time.time(),
+        "sizes": sets.sizes(),
+    }
+    with open(os.path.join(staging, "assets", METADATA_FILENAME), "w") as file:
+        json.dump(metadata, file, indent=2, sort_keys=True)
+    if check:
+        _verify_checkpoint(source, staging, replaced)
+
+
+def _sets_of(base: str, version: int) -> EligibilitySets:
+    path = os.path.join(base, str(version))
+    try:
+        return read_eligibility(path)
+    except FileNotFoundError:
+        raise PublishConflict(
+            f"version {version} was removed while this job rebased onto it: nothing was "
+            "published; rerun the job"
+        ) from None
+
+
+def _applied(newest: EligibilitySets, change) -> EligibilitySets:
+    """A rules job's `change` (`{name: item ids}`) applied to the newest
+    version's sets; ids no longer in its catalogue are left out, as a
+    catalogue swap leaves them out."""
+    sets = newest
+    for name, item_ids in change.items():
+        sets = sets.replace(name, item_ids)
+    return sets
+
+
+def _change(current: EligibilitySets, sets: EligibilitySets, asked) -> dict:
+    """What a rules job changes, as `{name: item ids}`: the mapping it was
+    given, or the sets of an `EligibilitySets` that differ from `current`."""
+    if isinstance(asked, Mapping):
+        return dict(asked)
+    catalogue = sets.catalogue
+    change = {}
+    for row, name in enumerate(sets.names):
+        if not np.array_equal(sets.words[row], current.words[row]):
+            members = np.flatnonzero(sets.contains(row, np.arange(sets.num_members)))
+            change[name] = catalogue.item_ids[members]
+    return change
 
 
 def _top_level(*skipped: str):

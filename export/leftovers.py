@@ -3,7 +3,8 @@
 An export is written into a temporary directory and renamed into place, so
 a process killed mid-export leaves that directory behind (up to a whole
 SavedModel). Each temporary directory is named after its owner,
-`.tmp-export-<pid>@<host>-<random>` or `.tmp-<version>-<pid>@<host>-<random>`,
+`.tmp-export-<pid>@<host>-<random>` or `.tmp-publish-<pid>@<host>-<random>`
+(`.tmp-<version>-...` before version numbers were taken at the rename),
 so the next `publish` into the same base path can tell a leftover from a
 directory another publish is still writing: one owned by a process of this
 host that no longer runs is removed at once; one from another host (a
@@ -24,7 +25,7 @@ import time
 #: Leftovers of other hosts are removed after this long without a change.
 DEFAULT_STALE_AFTER_SECONDS = 24 * 3600
 
-_TEMPORARY = re.compile(r"^\.tmp-(?:export|[1-9][0-9]*)-")
+_TEMPORARY = re.compile(r"^\.tmp-(?:export|publish|[1-9][0-9]*)-")
 _OWNER = re.compile(r"-(?P<pid>[0-9]+)@(?P<host>.+)-[A-Za-z0-9_]+$")
 
 

@@ -2,49 +2,56 @@
 
 TF Serving polls `model_base_path` and loads any new integer directory it
 finds, so a directory copied in place would be picked up half written. Here
-every version is exported into a non-numeric temporary directory beside the
+every version is staged in a non-numeric temporary directory beside the
 versions (same filesystem), loaded and warmed up as the server will, and
 renamed to its number in one step.
 
-The newest integer version always loads. TF Serving's `latest` policy
-serves nothing when the newest version fails to load (after a restart, every
-request gets "Servable not found"), so before the new version becomes
-visible, every version newer than the newest good one is checked, and each
-rejected one (truncated variables, a failing warmup, flipped bytes) is moved
-out of the integer namespace to `rejected-<version>-<UTC time>` beside the
-versions, kept for inspection; TF Serving ignores non-numeric names. Its
-number is never used again. Pruning (`keep`) counts only good versions, so
-the newest good version is never removed; rejected versions met on the way
-are moved out too. Whether a version is good is decided by loading it
-(`serving.servable.load_servable`, the development server's load path) and
-remembered in `.static_keras_versions.json` in the base path, keyed by the
-size and modification time of every file in the version: a changed file is
-checked again. Leftover temporary directories of killed publishes are
-removed first (`leftovers.py`).
+One publishing rule for every path (a model, an index swap, a rules
+refresh): the version that becomes visible contains every change already
+published. Jobs overlap (the daily catalogue job outlasts several
+minute-level rules jobs), so the version number is taken at the rename, in
+a critical section of milliseconds (`version_lock`); a job that finds a
+version newer than the one it read rebases onto it out of the lock
+(`rebase.py`: it carries the newest sets into what it publishes) and tries
+again, or refuses in one line (`PublishConflict`) where it cannot.
+
+The newest integer version always loads: before the new version becomes
+visible, every version newer than the newest good one is checked and each
+rejected one is moved out of the integer namespace (`version_checks.py`).
+Pruning (`keep`) counts only good versions, so the newest good version is
+never removed. Leftover temporary directories of killed jobs are removed
+first (`leftovers.py`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
-import itertools
-import json
 import logging
 import os
-import re
 import shutil
 import time
 import uuid
 
+from static_keras.export import version_checks
 from static_keras.export.check import check_saved_model
 from static_keras.export.leftovers import DEFAULT_STALE_AFTER_SECONDS
 from static_keras.export.leftovers import remove_leftovers
 from static_keras.export.leftovers import temporary_prefix
+from static_keras.export.version_checks import VERIFIED_FILENAME  # noqa: F401 (re-exported)
+from static_keras.export.version_checks import fsync_dir
+from static_keras.export.version_checks import list_quarantined
+from static_keras.export.version_checks import list_versions
+from static_keras.export.version_checks import quarantine
+from static_keras.export.version_checks import read_record
+from static_keras.export.version_checks import version_fingerprint
+from static_keras.export.version_checks import walk
+from static_keras.export.version_checks import write_record
+from static_keras.export.version_lock import PublishConflict
+from static_keras.export.version_lock import check_base_path
+from static_keras.export.version_lock import version_lock
 
-_VERSION = re.compile(r"^[1-9][0-9]*$")
-_QUARANTINED = re.compile(r"^rejected-(?P<version>[1-9][0-9]*)-")
-VERIFIED_FILENAME = ".static_keras_versions.json"
+#: Rebases a job tries before it refuses (each follows a version published while it ran).
+MAX_REBASES = 8
 logger = logging.getLogger("static_keras.export")
 
 
@@ -59,29 +66,8 @@ class PublishInfo:
     removed_leftovers: tuple[str, ...] = ()
     quarantined_versions: tuple[int, ...] = ()
     quarantined_paths: tuple[str, ...] = ()  # where each of `quarantined_versions` went
-
-
-def list_versions(model_base_path: str | os.PathLike) -> list[int]:
-    """Integer version directories, ascending (temporary dirs are ignored)."""
-    base = os.fspath(model_base_path)
-    if not os.path.isdir(base):
-        return []
-    return sorted(
-        int(name)
-        for name in os.listdir(base)
-        if _VERSION.match(name) and os.path.isdir(os.path.join(base, name))
-    )
-
-
-def list_quarantined(model_base_path: str | os.PathLike) -> dict[int, list[str]]:
-    """`{version: [paths]}` of rejected versions moved out of the integer namespace."""
-    base = os.fspath(model_base_path)
-    moved: dict[int, list[str]] = {}
-    for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
-        match = _QUARANTINED.match(name)
-        if match and os.path.isdir(os.path.join(base, name)):
-            moved.setdefault(int(match["version"]), []).append(os.path.join(base, name))
-    return moved
+    #: Versions published while the job ran, which it rebased onto (in order).
+    rebased_onto: tuple[int, ...] = ()
 
 
 def newest_good_version(model_base_path: str | os.PathLike, *, xla: bool = False) -> int | None:
@@ -104,9 +90,9 @@ def newest_good_version(model_base_path: str | os.PathLike, *, xla: bool = False
     base = os.fspath(model_base_path)
     if not list_versions(base):
         return None
-    record = _read_record(base)
-    good, _ = _walk(base, record, xla, 1)
-    _write_record(base, record)
+    record = read_record(base)
+    good, _ = walk(base, record, xla, 1)
+    write_record(base, record)
     return good[0] if good else None
 
 
@@ -118,6 +104,7 @@ def publish(
     keep: int | None = 3,
     xla: bool = False,
     check: bool = True,
+    based_on: int | None = None,
     stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
     **export_kwargs,
 ) -> PublishInfo:
@@ -129,9 +116,9 @@ def publish(
             wrapped in a `ConstrainedBeamSearch` over the new index.
         model_base_path: the directory TF Serving polls.
         version: int or None. The version number; defaults to one above
-            every version on disk or moved out as rejected. An existing
-            version is never overwritten, a rejected one's number never
-            reused.
+            every version on disk or moved out as rejected when the version
+            becomes visible (not when the job starts). An existing version
+            is never overwritten, a rejected one's number never reused.
         keep: int or None. Good versions kept after publishing: the newest
             `keep` versions that load and warm up (the new one included);
             older ones are removed. Rejected versions never count, so the
@@ -141,6 +128,14 @@ def publish(
         check: bool. Run `check_saved_model` on the export, then load it and
             replay its warmup records as the server will, before it becomes
             visible. Defaults to True.
+        based_on: int or None. The served version whose eligibility sets
+            `model` carries (the version the job read them from, as
+            `static-keras publish --index` does); defaults to the newest
+            version when `publish` starts. When versions are published
+            while this one exports, every set the model holds as `based_on`
+            held it is taken from the newest version instead (carried over
+            to the model's catalogue by item id), so no rules change is
+            rolled back; a set the model changed keeps the model's members.
         stale_after_seconds: float. Leftover temporary directories of other
             hosts (or without an owner) are removed after this long without
             a change; those of dead processes on this host at once. Defaults
@@ -153,6 +148,11 @@ def publish(
     WARNING, before the new version becomes visible: TF Serving and the
     development server always find a newest version that loads.
 
+    Raises:
+        PublishConflict (a ValueError; one line): the job cannot publish
+            without losing a change published while it ran (the newest
+            version holds other set names; `based_on` was removed).
+
     Returns:
         `PublishInfo`: `version`, `path`, `export`, `removed_versions`,
         `rejected_versions` (the versions found not to load),
@@ -160,17 +160,30 @@ def publish(
         where to), `removed_leftovers`, `seconds`.
     """
     # TensorFlow is imported here: refreshes and version checks publish without it.
+    from static_keras.export.eligibility import eligible_search
+    from static_keras.export.rebase import read_sets_of
+    from static_keras.export.rebase import rebase_staged_sets
     from static_keras.export.saved_model import export_saved_model
 
     start = time.perf_counter()
     base = os.fspath(model_base_path)
+    check_base_path(base)
     os.makedirs(base, exist_ok=True)
     existing = list_versions(base)
-    version = new_version(base, existing, version, keep)
+    new_version(base, existing, version, keep)  # bad arguments fail before the export
+    read = based_on if based_on is not None else (existing[-1] if existing else None)
+    # What the model's sets started from: held for the rebase (a later job may prune it).
+    read_sets = read_sets_of(base, read) if eligible_search(model) is not None else None
+
+    def rebase(staging, head):
+        return staging if read_sets is None else rebase_staged_sets(base, staging, read_sets, head)
+
     staged = publish_staged(
         base,
-        version,
         lambda staging: export_saved_model(model, staging, xla=xla, **export_kwargs),
+        read_version=read,
+        rebase=rebase,
+        version=version,
         keep=keep,
         xla=xla,
         check=check,
@@ -178,7 +191,7 @@ def publish(
         what="The export",
     )
     return PublishInfo(
-        version=version,
+        version=staged.version,
         path=staged.path,
         export=dataclasses.replace(staged.written, path=staged.path),
         removed_versions=staged.removed_versions,
@@ -187,13 +200,16 @@ def publish(
         removed_leftovers=staged.removed_leftovers,
         quarantined_versions=staged.quarantined_versions,
         quarantined_paths=staged.quarantined_paths,
+        rebased_onto=staged.rebased_onto,
     )
 
 
 def new_version(base: str, existing: list[int], version, keep) -> int:
-    """The version to write (default: one above every version ever seen,
-    rejected ones moved out included), checked with `keep`: a positive int
-    that no existing or rejected directory has (numbers are never reused)."""
+    """The version a job would take now (default: one above every version
+    ever seen, rejected ones moved out included), checked with `keep`: a
+    positive int that no existing or rejected directory has (numbers are
+    never reused). Jobs call it at their start to fail early on bad
+    arguments, and again under the lock, where the number is taken."""
     moved = list_quarantined(base)
     if version is None:
         version = max([*existing, *moved, 0]) + 1
@@ -214,6 +230,7 @@ def new_version(base: str, existing: list[int], version, keep) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class StagedVersion:
+    version: int
     path: str
     written: object  # what `write` returned
     removed_versions: tuple[int, ...]
@@ -221,13 +238,16 @@ class StagedVersion:
     removed_leftovers: tuple[str, ...]
     quarantined_versions: tuple[int, ...] = ()
     quarantined_paths: tuple[str, ...] = ()
+    rebased_onto: tuple[int, ...] = ()  # versions published while the job ran
 
 
 def publish_staged(
     base: str,
-    version: int,
     write,
     *,
+    read_version: int | None,
+    rebase,
+    version: int | None = None,
     keep: int | None,
     xla: bool,
     check: bool,
@@ -235,57 +255,87 @@ def publish_staged(
     what: str,
     verified: bool = False,
 ) -> StagedVersion:
-    """Makes `version` visible in one rename, after `write(staging)` filled a
-    temporary directory beside the versions and (with `check`) it loaded and
-    warmed up as the server will; then prunes to `keep` good versions.
-    `verified`: `write` checked the version itself (an eligibility refresh:
-    a good version's graph and tensors with new set values, read back), so
-    it is recorded as good without a load here; the server's load is the
-    only one.
+    """Makes a new version visible in one rename, after `write(staging)`
+    filled a temporary directory beside the versions and (with `check`) it
+    loaded and warmed up as the server will; then prunes to `keep` good
+    versions. `verified`: `write` checked the version itself (an
+    eligibility refresh: a good version's graph and tensors with new set
+    values, read back), so it is recorded as good without a load here; the
+    server's load is the only one.
+
+    The publishing rule: `read_version` is the newest version when the job
+    read what it builds on (None: there was none). Under the lock, when a
+    newer version exists, `rebase(staging, head)` (called out of the lock)
+    returns the staged directory rebased onto version `head`, carrying its
+    changes (the old directory is its to remove), and the rename is tried
+    again; it raises `PublishConflict` where it cannot. The version number
+    (`version`, or one above every version seen) is taken under the lock.
 
     First, every version newer than the newest good one is moved out of the
     integer namespace (`rejected-<version>-<UTC time>`), so the newest
     version loads even if this publish fails; pruning moves out the rejected
     versions it meets too. `what` names the version in the error when it
     does not load."""
+    check_base_path(base)
     leftovers = remove_leftovers(base, stale_after_seconds=stale_after_seconds)
     for name in leftovers:
         logger.info("removed %s: left over by a publish that did not finish", name)
 
-    record = _read_record(base)
-    _, rejected = _walk(base, record, xla, 1)
-    moved = _quarantine(base, rejected, record)
-    _write_record(base, record)
+    record = read_record(base)
+    _, rejected = walk(base, record, xla, 1)
+    moved = quarantine(base, rejected, record)
+    write_record(base, record)
 
-    target = os.path.join(base, str(version))
-    staging = os.path.join(base, temporary_prefix(str(version)) + uuid.uuid4().hex)
+    staging = os.path.join(base, temporary_prefix("publish") + uuid.uuid4().hex)
+    rebased_onto = []
     try:
         written = write(staging)
         if check and not verified:
             check_saved_model(staging, xla_enabled=xla)
-            error = _load_error(staging, version, xla)
+            error = version_checks.load_error(staging, (read_version or 0) + 1, xla)
             if error:
                 raise ValueError(f"{what} fails to load or warm up as a server would: {error}")
-        fingerprint = _fingerprint(staging)
-        _fsync_tree(staging)
-        os.rename(staging, target)  # atomic on one filesystem; fails if target exists
+        while True:
+            fingerprint = version_fingerprint(staging)
+            _fsync_tree(staging)
+            with version_lock(base):
+                existing = list_versions(base)
+                head = existing[-1] if existing else None
+                if head is None or (read_version is not None and head <= read_version):
+                    number = new_version(base, existing, version, keep)
+                    if check or verified:
+                        entry = {"fingerprint": fingerprint, "error": "", "xla": xla}
+                        record[number] = entry
+                        # Before it is visible: no other job ever loads it to check it.
+                        write_record(base, {number: entry}, locked=True, also=(number,))
+                    target = os.path.join(base, str(number))
+                    os.rename(staging, target)  # atomic on one filesystem
+                    fsync_dir(base)
+                    break
+            if len(rebased_onto) == MAX_REBASES:
+                raise PublishConflict(
+                    f"{len(rebased_onto)} versions were published while this job ran and "
+                    f"rebased (the last {head}): nothing was published; rerun it when the "
+                    "base path is quieter"
+                )
+            logger.info("version %d was published while this job ran: rebasing onto it", head)
+            staging, read_version = rebase(staging, head), head
+            rebased_onto.append(head)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    _fsync_dir(base)
 
     removed = []
-    if check or verified:
-        record[version] = {"fingerprint": fingerprint, "error": "", "xla": xla}
     if keep is not None:
-        good, rejected_now = _walk(base, record, xla, keep)
-        moved.update(_quarantine(base, rejected_now, record))
+        good, rejected_now = walk(base, record, xla, keep)
+        moved.update(quarantine(base, rejected_now, record))
         rejected += rejected_now
         if len(good) == keep:
-            removed = [v for v in list_versions(base) if v < good[-1] and v != version]
+            removed = [v for v in list_versions(base) if v < good[-1] and v != number]
         for old in removed:
-            shutil.rmtree(os.path.join(base, str(old)))
-    _write_record(base, record)
+            shutil.rmtree(os.path.join(base, str(old)), ignore_errors=True)  # maybe pruned already
+    write_record(base, record)
     return StagedVersion(
+        number,
         target,
         written,
         tuple(removed),
@@ -293,124 +343,8 @@ def publish_staged(
         tuple(leftovers),
         tuple(sorted(moved)),
         tuple(moved[v] for v in sorted(moved)),
+        tuple(rebased_onto),
     )
-
-
-def _read_record(base: str) -> dict[int, dict]:
-    try:
-        with open(os.path.join(base, VERIFIED_FILENAME)) as file:
-            return {int(k): v for k, v in json.load(file).items()}
-    except (OSError, ValueError, AttributeError):
-        return {}  # missing or unreadable: versions are checked again
-
-
-def _write_record(base: str, record: dict[int, dict]) -> None:
-    """Stores the verdicts of the versions present (atomically; a cache: an
-    unwritable base path only means versions are checked again)."""
-    present = set(list_versions(base))
-    kept = {v: e for v, e in sorted(record.items()) if v in present}
-    if kept == _read_record(base):
-        return  # unchanged (or nothing to record in an empty base path)
-    kept = {str(v): e for v, e in kept.items()}
-    temporary = os.path.join(base, temporary_prefix("record") + uuid.uuid4().hex)
-    try:
-        with open(temporary, "w") as file:
-            json.dump(kept, file, indent=1)
-        os.replace(temporary, os.path.join(base, VERIFIED_FILENAME))
-    except OSError as error:
-        logger.warning("could not write %s in %s: %s", VERIFIED_FILENAME, base, error)
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
-
-
-def _walk(base: str, record: dict[int, dict], xla: bool, wanted: int):
-    """`(good, rejected)`: versions from the newest down until `wanted` good ones."""
-    good, rejected = [], []
-    for version in reversed(list_versions(base)):
-        if len(good) == wanted:
-            break
-        (rejected if _verdict(base, version, record, xla) else good).append(version)
-    return good, rejected
-
-
-def _verdict(base: str, version: int, record: dict[int, dict], xla: bool) -> str:
-    """Why the server rejects `version` ("" when it loads), from `record` when
-    the version's files did not change; a fresh verdict is stored there."""
-    path = os.path.join(base, str(version))
-    # A version exported with XLA is for a server started with XLA on.
-    xla = xla or _exported_with_xla(path)
-    fingerprint = _fingerprint(path)
-    entry = record.get(version)
-    if entry is None or entry.get("fingerprint") != fingerprint or entry.get("xla", xla) != xla:
-        entry = {"fingerprint": fingerprint, "error": _load_error(path, version, xla), "xla": xla}
-        record[version] = entry
-    return entry["error"]
-
-
-def _exported_with_xla(path: str) -> bool:
-    from static_keras.export.metadata import read_metadata
-
-    try:
-        return bool(read_metadata(path).get("xla"))
-    except Exception:  # no or unreadable metadata: the version is checked as it is
-        return False
-
-
-def _quarantine(base: str, versions: list[int], record: dict[int, dict]) -> dict[int, str]:
-    """Moves rejected `versions` out of the integer namespace; `{version: new path}`."""
-    moved = {}
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    for version in versions:
-        name = f"rejected-{version}-{stamp}"
-        for attempt in itertools.count(2):
-            if not os.path.exists(os.path.join(base, name)):
-                break
-            name = f"rejected-{version}-{stamp}-{attempt}"
-        error = record.get(version, {}).get("error", "")
-        try:
-            os.rename(os.path.join(base, str(version)), os.path.join(base, name))
-        except OSError as rename_error:
-            logger.error(
-                "version %d does not load (%s) and could not be moved out: %s; TF Serving's "
-                "latest policy serves nothing while it is the newest version",
-                version, error, rename_error,
-            )  # fmt: skip
-            continue
-        moved[version] = os.path.join(base, name)
-        logger.warning(
-            "version %d does not load or warm up (%s): moved to %s, out of the versions "
-            "TF Serving sees", version, error, name,
-        )  # fmt: skip
-    if moved:
-        _fsync_dir(base)
-    return moved
-
-
-def _load_error(path: str, version: int, xla: bool) -> str:
-    """Why the server would reject the version at `path` ("" when it loads and warms up)."""
-    # The development server's load path; imported here because serving
-    # depends on export, not the other way round.
-    from static_keras.serving.servable import load_servable
-    from static_keras.serving.servable import release_memory
-
-    message = ""
-    try:
-        load_servable(path, version, xla_enabled=xla)
-    except Exception as error:  # any load or warmup failure is a rejection
-        message = f"{type(error).__name__}: {error}".strip()
-    release_memory()  # the loaded (or half-loaded) version, at 2x10^7 items GBs
-    return message
-
-
-def _fingerprint(path: str) -> str:
-    """Size and modification time of every file: a changed file changes it."""
-    entries = []
-    for folder, _, files in os.walk(path):
-        for name in files:
-            full = os.path.join(folder, name)
-            stat = os.stat(full)
-            entries.append(f"{os.path.relpath(full, path)}:{stat.st_size}:{stat.st_mtime_ns}")
-    return hashlib.sha256("\n".join(sorted(entries)).encode()).hexdigest()
 
 
 def _fsync_tree(root: str) -> None:
@@ -418,12 +352,4 @@ def _fsync_tree(root: str) -> None:
         for name in files:
             with open(os.path.join(folder, name), "rb") as file:
                 os.fsync(file.fileno())
-        _fsync_dir(folder)
-
-
-def _fsync_dir(folder: str) -> None:
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+        fsync_dir(folder)

@@ -137,7 +137,7 @@ def test_refresh_starts_from_the_newest_good_version_and_loads_nothing_new(tmp_p
     from static_keras.index.member_catalogue import MemberCatalogue
     from static_keras.serving.servable import load_servable
 
-    publish_module = importlib.import_module("static_keras.export.publish")
+    checks_module = importlib.import_module("static_keras.export.version_checks")
     index = make_index(2)
     ids = MemberCatalogue.from_index(index).item_ids
     keras.utils.set_random_seed(0)
@@ -155,10 +155,10 @@ def test_refresh_starts_from_the_newest_good_version_and_loads_nothing_new(tmp_p
     truncated_copy(base, 1, 2)
 
     loaded = []
-    real_load_error = publish_module._load_error
+    real_load_error = checks_module.load_error
     monkeypatch.setattr(
-        publish_module,
-        "_load_error",
+        checks_module,
+        "load_error",
         lambda path, version, xla: loaded.append(version) or real_load_error(path, version, xla),
     )
     info = refresh_eligibility(base, {"in_stock": ids[:7]})

@@ -265,7 +265,12 @@ def test_export_publish_serve_and_query(capsys, tmp_path):
         server.stdout.close()
         log.close()
     assert "model recs version 2 loaded and warmed up" in (tmp_path / "serve.log").read_text()
-    assert sorted(os.listdir(base)) == [".static_keras_versions.json", "1", "2"]
+    assert sorted(os.listdir(base)) == [
+        ".static_keras.lock",
+        ".static_keras_versions.json",
+        "1",
+        "2",
+    ]
 
 
 def test_bench_runs_only_from_a_source_checkout(tmp_path):

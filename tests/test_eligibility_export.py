@@ -260,7 +260,12 @@ def test_refresh_changes_only_the_eligibility_variables(eligible_model, tmp_path
         refresh_eligibility(base, {"de": ids[:5]})
     with pytest.raises(ValueError, match="another catalogue"):
         refresh_eligibility(base, _sets(make_index(2), 0))
-    assert sorted(os.listdir(base)) == [".static_keras_versions.json", "2", "3"]
+    assert sorted(os.listdir(base)) == [
+        ".static_keras.lock",
+        ".static_keras_versions.json",
+        "2",
+        "3",
+    ]
 
 
 @pytest.mark.slow  # a publish and a refresh through the CLI: 20 s on 2 cores
@@ -290,7 +295,12 @@ def test_refresh_from_the_command_line(eligible_model, tmp_path, capsys):
     assert "No eligibility set 'de'" in capsys.readouterr().err
     assert cli.main([*command[:3], "--set", "fr"]) == 2
     assert "NAME=FILE" in capsys.readouterr().err
-    assert sorted(os.listdir(base)) == [".static_keras_versions.json", "1", "2"]
+    assert sorted(os.listdir(base)) == [
+        ".static_keras.lock",
+        ".static_keras_versions.json",
+        "1",
+        "2",
+    ]
 
 
 def test_refresh_needs_eligibility_sets(small_model, tmp_path):

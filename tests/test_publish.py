@@ -41,7 +41,12 @@ def test_versions_are_numbered_kept_and_never_overwritten(small_model, tmp_path)
     assert published == [1, 2, 3]
     assert list_versions(base) == [2, 3]
     # No temporary directories left; the record of which versions load.
-    assert sorted(os.listdir(base)) == [".static_keras_versions.json", "2", "3"]
+    assert sorted(os.listdir(base)) == [
+        ".static_keras.lock",
+        ".static_keras_versions.json",
+        "2",
+        "3",
+    ]
     with pytest.raises(ValueError, match="already exists"):
         publish(model, base, version=3)
     assert publish(model, base, version=10, keep=None).version == 10

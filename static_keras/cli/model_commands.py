@@ -3,6 +3,7 @@ index, as a SavedModel and as a served version."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from static_keras.cli.index_commands import load_array
@@ -39,37 +40,45 @@ def _load_model(path: str):
 
 
 def _model_with_index(args, model_base_path=None):
-    """The model, over `--index` when given. Its eligibility sets come with
-    it: those of the newest good version under `model_base_path` (the rules
-    live in the served version; refreshes never touch the .keras file), or
-    else the model's own, carried over to the new index by item id."""
+    """`(model, based_on)`: the model, over `--index` when given. Its
+    eligibility sets come with it: those of the newest good version under
+    `model_base_path` (the rules live in the served version; refreshes
+    never touch the .keras file), carried over to the model's index by item
+    id, or else the model's own. `based_on`: the version they came from
+    (what `publish` rebases from when versions land meanwhile), or None."""
     from static_keras.export import replace_index
     from static_keras.export.model_layers import beam_searches
 
     # The index first: a wrong --index fails in a moment, not after the model loads.
     index = load_index(args.index) if args.index else None
     model = _load_model(args.model)
-    if index is None:
-        return model
     searches = beam_searches(model)
     constraint = searches[0].constraint if len(searches) == 1 else None
-    sets, source = None, "the model"
+    sets, source, based_on = None, "the model", None
     if constraint is not None and constraint.num_eligibility_sets:
         served = _served_sets(model_base_path)
         if served is not None:
-            source, sets = f"version {served[0]}", served[1]
-        else:
+            based_on, sets = served
+            source = f"version {based_on}"
+        elif index is not None:
             sets = constraint.eligibility_sets()
+    if index is None and sets is None:
+        return model, based_on
     try:
-        carried = None if sets is None else sets.carried_over(index)
-        model = replace_index(model, index, eligibility=carried)
+        target = index if index is not None else constraint.catalogue()
+        carried = None if sets is None else sets.carried_over(target)
+        if index is not None:
+            model = replace_index(model, index, eligibility=carried)
+        else:
+            constraint.set_eligibility(carried)
     except ValueError as error:
         raise UserError(str(error)) from None
     if carried is not None:
         before, after = sets.sizes(), carried.sizes()
         counts = ", ".join(f"{name} {before[name]:,} -> {after[name]:,}" for name in carried.names)
-        print(f"eligibility sets of {source} carried over to the new index by item id: {counts}")
-    return model
+        where = "the new index" if index is not None else "the model's index"
+        print(f"eligibility sets of {source} carried over to {where} by item id: {counts}")
+    return model, based_on
 
 
 def _served_sets(model_base_path):
@@ -90,11 +99,24 @@ def _served_sets(model_base_path):
     return version, read_eligibility(path)
 
 
+@contextlib.contextmanager
+def _publishing(what: str):
+    """A job that fails on the file system (disk full, permissions) ends in
+    one line: nothing became visible, and the next job removes what it left."""
+    try:
+        yield
+    except OSError as error:
+        raise UserError(
+            f"{what} failed: {error.strerror or error} ({error.filename or ''}); nothing "
+            "was published, and the next publish removes what this one left"
+        ) from None
+
+
 def command_export(args) -> None:
     from static_keras.export import export_saved_model
 
     info = export_saved_model(
-        _model_with_index(args),
+        _model_with_index(args)[0],
         args.out,
         xla=args.xla,
         warmup_batch_sizes=tuple(args.warmup_batch_sizes),
@@ -110,15 +132,18 @@ def command_export(args) -> None:
 def command_publish(args) -> None:
     from static_keras.export import publish
 
-    info = publish(
-        _model_with_index(args, args.model_base_path),
-        args.model_base_path,
-        version=args.version,
-        keep=args.keep,
-        xla=args.xla,
-        warmup_batch_sizes=tuple(args.warmup_batch_sizes),
-        model_name=args.model_name,
-    )
+    model, based_on = _model_with_index(args, args.model_base_path)
+    with _publishing("publishing"):
+        info = publish(
+            model,
+            args.model_base_path,
+            based_on=based_on,
+            version=args.version,
+            keep=args.keep,
+            xla=args.xla,
+            warmup_batch_sizes=tuple(args.warmup_batch_sizes),
+            model_name=args.model_name,
+        )
     removed = f", removed {list(info.removed_versions)}" if info.removed_versions else ""
     for version, path in zip(info.quarantined_versions, info.quarantined_paths):
         removed += f"; version {version} does not load: moved to {path}"
@@ -127,7 +152,10 @@ def command_publish(args) -> None:
         removed += f"; versions {stuck} do not load and could not be moved out"
     if info.removed_leftovers:
         removed += f"; removed leftovers {list(info.removed_leftovers)}"
-    print(f"published version {info.version} at {info.path} in {info.seconds:.1f} s{removed}")
+    print(
+        f"published version {info.version} at {info.path} in {info.seconds:.1f} s{removed}"
+        f"{_rebased(info.rebased_onto)}"
+    )
 
 
 def command_refresh_eligibility(args) -> None:
@@ -139,13 +167,14 @@ def command_refresh_eligibility(args) -> None:
         if not sep or not name or not path:
             raise UserError(f"--set must be NAME=FILE (item ids, .npy/.csv/.parquet); got {spec!r}")
         sets[name] = load_array(path, args.column).reshape(-1)
-    info = refresh_eligibility(
-        args.model_base_path,
-        sets,
-        source_version=args.source_version,
-        version=args.version,
-        keep=args.keep,
-    )
+    with _publishing("the refresh"):
+        info = refresh_eligibility(
+            args.model_base_path,
+            sets,
+            source_version=args.source_version,
+            version=args.version,
+            keep=args.keep,
+        )
     removed = f", removed {list(info.removed_versions)}" if info.removed_versions else ""
     for version, path in zip(info.quarantined_versions, info.quarantined_paths):
         removed += f"; version {version} does not load: moved to {path}"
@@ -153,4 +182,14 @@ def command_refresh_eligibility(args) -> None:
     print(
         f"published version {info.version} (sets of version {info.source_version} replaced: "
         f"{sizes} members) at {info.path} in {info.seconds:.2f} s{removed}"
+        f"{_rebased(info.rebased_onto)}"
+    )
+
+
+def _rebased(versions) -> str:
+    if not versions:
+        return ""
+    return (
+        f"; rebased onto version {versions[-1]} (versions {list(versions)} were published "
+        "while it ran; their changes are kept)"
     )
