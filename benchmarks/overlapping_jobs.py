@@ -103,7 +103,10 @@ def set_up(workdir: str, n: int, seed: int) -> dict:
         path = os.path.join(workdir, f"catalogue_{change}.npz")
         StaticIndex.build(rows, lifecycle.VOCAB, item_ids=ids).save(path)
         catalogues.append((path, np.sort(ids)))
-    return {"model": model_path, "base": base, "first_ids": np.sort(first_ids(first)),
+    first_item_ids = np.sort(first_ids(first))
+    del model, search, layer, first, sets
+    keras.backend.clear_session()  # the soak's process holds no index while jobs run
+    return {"model": model_path, "base": base, "first_ids": first_item_ids,
             "catalogues": catalogues}  # fmt: skip
 
 
@@ -223,7 +226,48 @@ def soak(setup: dict, workdir: str, seconds: float, pause_ms: float, seed: int) 
         client.thread.join()
     finally:
         server.stop()
-    return check(setup, jobs, client)
+    summary = check(setup, jobs, client)
+    summary.update(critical_section(base, setup["first_ids"], seed))
+    return summary
+
+
+def critical_section(base: str, ids: np.ndarray, seed: int, repeats: int = 5) -> dict:
+    """How long a job holds the publishing lock: `repeats` in-process rules
+    refreshes with the lock timed (the rename's and the record's; the rest
+    of the job runs unlocked)."""
+    import contextlib
+
+    from static_keras.export import refresh_eligibility
+    from static_keras.export import version_checks
+    from static_keras.export import version_lock
+
+    modules = (sys.modules["static_keras.export.publish"], version_checks)
+    held = []
+
+    @contextlib.contextmanager
+    def timed_lock(*args, **kwargs):
+        with version_lock.version_lock(*args, **kwargs):
+            start = time.perf_counter()
+            yield
+            held.append(time.perf_counter() - start)
+
+    rng = np.random.default_rng(seed)
+    for module in modules:
+        module.version_lock = timed_lock
+    try:
+        jobs = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            refresh_eligibility(base, {SETS[0]: rng.choice(ids, len(ids) // 2)}, keep=None)
+            jobs.append(time.perf_counter() - start)
+    finally:
+        for module in modules:
+            module.version_lock = version_lock.version_lock
+    return {
+        "lock_held_ms_p50": round(1000 * float(np.median(held)), 2),
+        "lock_held_ms_max": round(1000 * max(held), 2),
+        "refresh_in_process_s_p50": _median(jobs),
+    }
 
 
 def wait_for_version(client: PacedClient, version: int, timeout: float) -> None:
@@ -235,42 +279,52 @@ def wait_for_version(client: PacedClient, version: int, timeout: float) -> None:
 
 
 def check(setup: dict, jobs: list, client: PacedClient) -> dict:
-    """Each version against the jobs' log; each answer against its version."""
+    """Each version against the jobs' log; each answer against its version.
+    Vectorised and cached by rule and catalogue (at 2x10^7 a set holds 10^7
+    items and there are dozens of versions)."""
     from static_keras.export import list_versions
     from static_keras.export import read_eligibility
+    from static_keras.index.eligibility import EligibilitySets
 
     base = setup["base"]
     versions = list_versions(base)
+    by_version = {}
+    for answer in client.answers:
+        by_version.setdefault(answer[0], []).append(answer)
     first = read_eligibility(os.path.join(base, str(versions[0])))
-    expected_sets = {name: _members(first, name) for name in SETS}
+    expected = {name: (("first", name), _members(first, name)) for name in SETS}
     expected_catalogue = first.catalogue.item_ids
     published = sorted((job for job in jobs if job["rc"] == 0), key=lambda job: job["version"])
-    wrong_versions, eligible = [], {}
-    for version in versions[1:]:
+    wrong_versions, wrong_answers, rows, catalogues = [], 0, {}, {}
+    for version in versions:
         for job in [job for job in published if job["version"] == version]:
             if job["kind"] == "rules":
                 name, path = job["payload"]
-                expected_sets[name] = np.load(path)
+                expected[name] = ((path, name), np.load(path))
             else:  # items the old catalogue lacked are new here: in no set (carried by id)
-                expected_sets = {k: np.intersect1d(v, expected_catalogue)
-                                 for k, v in expected_sets.items()}  # fmt: skip
+                old = np.sort(expected_catalogue)
+                expected = {name: ((key, "after", job["payload"]), ids[_inside(old, ids)])
+                            for name, (key, ids) in expected.items()}  # fmt: skip
                 expected_catalogue = setup["catalogues"][job["payload"]][1]
         held = read_eligibility(os.path.join(base, str(version)))
-        catalogue = np.sort(held.catalogue.item_ids)
-        ok = np.array_equal(catalogue, np.sort(expected_catalogue))
+        fingerprint = held.catalogue.fingerprint
+        if fingerprint not in catalogues:
+            catalogues[fingerprint] = np.array_equal(
+                np.sort(held.catalogue.item_ids), np.sort(expected_catalogue)
+            )
+        ok = catalogues[fingerprint]
         for name in SETS:
-            want = np.intersect1d(expected_sets[name], catalogue)
-            ok &= np.array_equal(np.sort(_members(held, name)), want)
+            key, ids = expected[name]
+            if (key, fingerprint) not in rows:
+                rows[key, fingerprint] = EligibilitySets.build(held.catalogue, {name: ids}).words[0]
+            ok &= np.array_equal(held.words[held.set_id(name)], rows[key, fingerprint])
         if not ok:
             wrong_versions.append(version)
-        eligible[version] = [set(_members(held, name).tolist()) for name in SETS]
-    eligible[versions[0]] = [set(expected.tolist()) for expected in (
-        _members(first, name) for name in SETS)]  # fmt: skip
-    wrong_answers = 0
-    for version, set_id, excluded, items, _ in client.answers:
-        found = set(items[items >= 0].tolist())
-        if not found <= eligible[version][set_id] - set(excluded.tolist()):
-            wrong_answers += 1
+        for _, set_id, excluded, items, _ in by_version.get(version, []):
+            found = items[items >= 0]
+            members = held.catalogue._members_or_absent(found)
+            inside = (members >= 0).all() and held.contains(set_id, members).all()
+            wrong_answers += int(not inside or np.isin(found, excluded).any())
     latencies = np.array([answer[4] for answer in client.answers]) * 1000
     rules = [job for job in jobs if job["kind"] == "rules"]
     catalogue_jobs = [job for job in jobs if job["kind"] == "catalogue"]
@@ -285,13 +339,18 @@ def check(setup: dict, jobs: list, client: PacedClient) -> dict:
         "answers": len(client.answers),
         "failed_requests": len(client.failures),
         "wrong_answers": wrong_answers,
-        "answer_versions": sorted({answer[0] for answer in client.answers}),
+        "answer_versions": sorted(by_version),
         "p50_ms": round(float(np.median(latencies)), 1) if len(latencies) else None,
         "max_ms": round(float(latencies.max()), 1) if len(latencies) else None,
         "rules_job_p50_s": _median([job["end"] - job["start"] for job in rules]),
         "catalogue_job_s": [round(job["end"] - job["start"], 1) for job in catalogue_jobs],
         "jobs": jobs,
     }
+
+
+def _inside(sorted_ids: np.ndarray, values: np.ndarray) -> np.ndarray:
+    at = np.minimum(np.searchsorted(sorted_ids, values), len(sorted_ids) - 1)
+    return sorted_ids[at] == values
 
 
 def _median(values):
