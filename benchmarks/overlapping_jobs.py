@@ -122,12 +122,13 @@ def run_job(kind: str, args: list[str], payload, jobs: list, lock: threading.Loc
         _command() + args, capture_output=True, text=True, env=lifecycle.child_env()
     )
     found = re.search(r"published version (\d+)", done.stdout)
+    rebases = re.search(r"rebased onto version \d+ \(versions \[([0-9, ]+)\]", done.stdout)
     with lock:
         jobs.append({
             "kind": kind, "start": start, "end": time.time(), "rc": done.returncode,
             "version": int(found[1]) if found else None, "payload": payload,
             "error": done.stderr.strip().splitlines()[-1:] if done.returncode else [],
-            "rebased": "rebased onto" in done.stdout,
+            "rebased": len(rebases[1].split(",")) if rebases else 0,
         })  # fmt: skip
 
 
@@ -334,7 +335,8 @@ def check(setup: dict, jobs: list, client: PacedClient) -> dict:
         "catalogue_jobs": len(catalogue_jobs),
         "failed_jobs": sum(job["rc"] != 0 for job in jobs),
         "job_errors": [job["error"] for job in jobs if job["rc"] != 0],
-        "rebased_jobs": sum(job["rebased"] for job in jobs),
+        "rebased_jobs": sum(job["rebased"] > 0 for job in jobs),
+        "rebases_per_catalogue_job": [job["rebased"] for job in catalogue_jobs],
         "wrong_versions": wrong_versions,
         "answers": len(client.answers),
         "failed_requests": len(client.failures),

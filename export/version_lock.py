@@ -4,8 +4,10 @@ Every job that publishes a version (a full `publish`, an index swap, a rules
 refresh) stages its files for as long as it needs, then takes
 `version_lock(base)` for milliseconds: it checks that nothing was published
 since the version it read, takes the next number and renames its staged
-directory into place. Nothing slow ever runs under the lock, so a rules job
-never waits for a catalogue job's export.
+directory into place. No export or staging ever runs under the lock, so a
+rules job never waits for a catalogue job's export; only a job overtaken
+three times rebases once holding it (`publish.OPTIMISTIC_REBASES`), so that
+it cannot be starved.
 
 The lock is `flock` on `<base>/.static_keras.lock`. On one host it is the
 kernel's. On NFS, Linux maps `flock` to NFS byte-range locks (NFSv4, or v3
@@ -28,8 +30,9 @@ import os
 import time
 
 LOCK_FILENAME = ".static_keras.lock"
-#: How long a job waits for the lock (others hold it for milliseconds).
-DEFAULT_LOCK_TIMEOUT_SECONDS = 60.0
+#: How long a job waits for the lock: others hold it for milliseconds, or,
+#: once per job overtaken three times, for one rebase (seconds at 2x10^7).
+DEFAULT_LOCK_TIMEOUT_SECONDS = 300.0
 #: File system types whose directory rename copies objects one by one.
 _OBJECT_STORE_MOUNTS = ("gcsfuse", "s3fs", "mountpoint-s3", "goofys", "rclone", "blobfuse")
 
@@ -119,9 +122,9 @@ def version_lock(base: str, *, timeout_seconds: float = DEFAULT_LOCK_TIMEOUT_SEC
                     ) from None
                 if time.monotonic() > deadline:
                     raise PublishConflict(
-                        f"{path} stayed locked for {timeout_seconds:.0f} s (a job is held "
-                        "inside its rename; it holds the lock for milliseconds otherwise): "
-                        "nothing was published; rerun once that job ends"
+                        f"{path} stayed locked for {timeout_seconds:.0f} s (a job stopped "
+                        "while it held it; jobs hold it for milliseconds, or seconds for a "
+                        "last rebase): nothing was published; rerun once that job ends"
                     ) from None
                 time.sleep(0.005)
         yield

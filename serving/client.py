@@ -6,8 +6,10 @@ Neither imports Keras or static-keras' layers: a client machine needs only
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import numpy as np
@@ -179,7 +181,27 @@ class RestClient:
                 f"REST {what} failed: HTTP {error.code}: {detail}", code=str(error.code)
             ) from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+            reason = getattr(error, "reason", error)
+            if isinstance(reason, ConnectionRefusedError):
+                raise ServingError(
+                    f"REST {what} failed: nothing listens at {self._address()} (connection "
+                    "refused): start a server there (static-keras serve-dev, or "
+                    "tensorflow_model_server --rest_api_port), or wait for it (query --wait "
+                    "SECONDS)",
+                    code="UNAVAILABLE",
+                ) from None
             raise ServingError(f"REST {what} failed: {error}", code="UNAVAILABLE") from None
+        except http.client.HTTPException as error:  # an answer that is not HTTP at all
+            raise ServingError(
+                f"REST {what} failed: {self._address()} does not answer HTTP "
+                f"({type(error).__name__}); is it a gRPC port? TF Serving's REST port is "
+                "--rest_api_port (8501 by default) and its gRPC port --port (8500): query a "
+                "gRPC port with --grpc HOST:PORT",
+                code="FAILED_PRECONDITION",  # not worth a retry: it will not start speaking HTTP
+            ) from None
+
+    def _address(self) -> str:
+        return urllib.parse.urlsplit(self.base_url).netloc or self.base_url
 
     def predict(
         self,

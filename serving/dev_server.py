@@ -49,19 +49,22 @@ logger = logging.getLogger("static_keras.serving")
 
 class PortUnavailableError(OSError):
     """A port the development server should listen on is taken (or cannot be
-    bound); its message is one line naming the port and the flag to change."""
+    bound); its message is one line naming the port and the argument to
+    change (`command_line_message`: the same with the command-line flag)."""
 
     def __init__(self, kind, host, port, flag, argument, error: OSError | None = None):
         if error is None or error.errno == errno.EADDRINUSE:
             reason = "is already in use (another server?)"
         else:
             reason = f"cannot be bound ({error.strerror or error})"
-        super().__init__(
-            f"{kind} port {port} on {host} {reason}: choose another with {flag} "
-            f"(DevServer: {argument})"
-        )
+        self._what = f"{kind} port {port} on {host} {reason}: choose another with"
+        super().__init__(f"{self._what} DevServer({argument}=...)")
         self.errno = errno.EADDRINUSE if error is None else error.errno
         self.port, self.flag = port, flag
+
+    @property
+    def command_line_message(self) -> str:
+        return f"{self._what} {self.flag}"
 
 
 def _bind_error(server) -> OSError | None:
@@ -179,6 +182,12 @@ class DevServer:
             PredictionServicer(self), self._grpc
         )
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(self), self._grpc)
+        taken = _bind_error(self) if self._grpc_port else None
+        if taken is not None:  # found before gRPC logs its own "Failed to add port" line
+            self.stop()
+            raise PortUnavailableError(
+                "gRPC", self.host, self._grpc_port, "--port", "grpc_port", taken
+            )
         try:  # older grpc versions return 0 on failure, newer ones raise
             port = self._grpc.add_insecure_port(f"{self.host}:{self._grpc_port}")
         except RuntimeError:

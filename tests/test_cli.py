@@ -179,6 +179,18 @@ def test_served_errors_print_their_message_alone(served, printed, capsys, monkey
         (["build-index", "ids.npy", "--vocab-size", "8", "--out", "x.npz"], "out of range"),
         (["build-index", "ids.txt", "--vocab-size", "8", "--out", "x.npz"], "unsupported input"),
         (
+            ["build-index", "big.npy", "--vocab-size", "8", "--out", "x.npz"],
+            "holds token 9 (row 0, position 0), out of range for vocab_size=8; its largest "
+            "token is 12, so vocab_size must be at least 13",
+        ),
+        (
+            ["publish", "catalogue.npz", "--model-base-path", "m"],
+            "catalogue.npz is an index or array archive, not a model: the model (.keras) comes "
+            "first and the index after --index, e.g. static-keras publish model.keras --index "
+            "catalogue.npz --model-base-path models/recs",
+        ),
+        (["export", "ids.npy", "--out", "m"], "ids.npy: not a .keras model"),
+        (
             ["inspect", "ids.npy"],
             "ids.npy: not a static-keras index: it holds one int array "
             "[N, L] (shape (2, 2)); build an index from it with `static-keras build-index`",
@@ -208,6 +220,8 @@ def test_user_errors_are_one_line(capsys, tmp_path, argv, message, monkeypatch):
     monkeypatch.chdir(tmp_path)
     np.save(tmp_path / "ids.npy", np.array([[1, 9], [2, 3]]))
     np.save(tmp_path / "items.npy", np.array([7, 8]))
+    np.save(tmp_path / "big.npy", np.array([[9, 1], [2, 12]]))
+    np.savez(tmp_path / "catalogue.npz", tokens=np.zeros(3))
     (tmp_path / "ids.txt").write_text("1,2\n")
     (tmp_path / "empty.npz").write_bytes(b"")
     with zipfile.ZipFile(tmp_path / "model.keras", "w") as model:  # a .keras file's members
@@ -216,6 +230,15 @@ def test_user_errors_are_one_line(capsys, tmp_path, argv, message, monkeypatch):
     code, _, err = run(capsys, *argv)
     assert code == 2
     assert err.count("\n") == 1 and message in err, err
+
+
+def test_version(capsys):
+    from static_keras import __version__
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"static-keras {__version__}\n"
 
 
 @pytest.mark.slow  # an export, a publish, a server and a query: 35 s on 2 cores

@@ -232,6 +232,36 @@ def test_the_number_is_taken_at_the_rename_and_refusals_are_one_line(
     assert not [name for name in os.listdir(base) if name.startswith(".tmp-")]
 
 
+def test_a_job_overtaken_again_and_again_still_publishes(model_file, tmp_path, monkeypatch):
+    """Short jobs publishing while a job rebases: twice it rebases out of
+    the lock, the third time holding it (no other job can land), so it ends."""
+    from static_keras.export.publish import OPTIMISTIC_REBASES
+
+    _, model = model_file
+    base = tmp_path / "recs"
+    publish(model, base, **WARMUP)
+    ids = _ids(_catalogue())
+    real = checkpoint_patch.replace_tensors
+    calls, inner = [], []
+
+    def another_job_first(*args, **kwargs):
+        if not inner and len(calls) < 3:  # the outer job's write and its 2 optimistic rebases
+            calls.append(True)
+            inner.append(True)
+            try:
+                refresh_eligibility(base, {"fr": ids[10 * len(calls) : 10 * len(calls) + 5]})
+            finally:
+                inner.pop()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_patch, "replace_tensors", another_job_first)
+    info = refresh_eligibility(base, {"in_stock": ids[:20]})
+    assert OPTIMISTIC_REBASES == 2
+    assert (info.version, info.rebased_onto, info.source_version) == (5, (2, 3, 4), 4)
+    assert sorted(_members(info.path, "in_stock")) == sorted(ids[:20])
+    assert sorted(_members(info.path, "fr")) == sorted(ids[30:35])  # the last fr job's
+
+
 def test_a_set_the_catalogue_job_changed_keeps_its_members(model_file, tmp_path, monkeypatch):
     """Python `publish` of a model whose fr the job itself set: a refresh of
     in_stock meanwhile is carried in, fr stays the job's (three-way)."""

@@ -36,6 +36,7 @@ from static_keras.strings import StringIndex  # noqa: E402
 from static_keras.strings import StringLogitsProcessor  # noqa: E402
 from static_keras.strings import TokenVocabulary  # noqa: E402
 from static_keras.strings import TransformersLogitsProcessor  # noqa: E402
+from static_keras.strings.transformers_processor import max_padding_columns  # noqa: E402
 
 _GPT2_GGUF = os.path.join(
     os.path.dirname(__file__), "..", "..", "shared", "data", "vocab", "ggml-vocab-gpt-2.gguf"
@@ -334,6 +335,12 @@ def test_bad_inputs_raise_value_errors(model, vocab, index):
     ids = torch.tensor([[1, 2]])
     with pytest.raises(ValueError, match=r"scores have 17 columns .* vocabulary of 18 tokens"):
         small.generate(input_ids=ids, logits_processor=[processor], max_new_tokens=2)
+    # A model far wider than the index's vocabulary (GPT-2's index under a
+    # Qwen2-sized model): another tokenizer, refused; padding columns are fine.
+    wide = index.vocab_size + max_padding_columns(index.vocab_size)
+    processor(ids, torch.zeros(1, wide))
+    with pytest.raises(ValueError, match=r"scores have 1,043 columns, 1,025 more than the 18"):
+        processor(ids, torch.zeros(1, wide + 1))
     with pytest.raises(ValueError, match="StringIndex or a StringLogitsProcessor"):
         TransformersLogitsProcessor(vocab)
     with pytest.raises(ValueError, match="prompt_length"):

@@ -17,6 +17,7 @@ import sys
 
 from static_keras.cli.bench_command import split_bench_arguments
 from static_keras.cli.index_commands import check_is_archive
+from static_keras.cli.model_commands import check_is_model
 from static_keras.cli.output import UserError
 from static_keras.cli.output import quiet_tensorflow
 from static_keras.cli.output import served_error_message
@@ -60,6 +61,7 @@ def _check_input_files(args) -> None:
         return
     if not os.path.isfile(args.model):
         raise UserError(f"no such model file: {args.model}")
+    check_is_model(args.model, args.command)
     if args.index:
         if not os.path.isfile(args.index):
             raise UserError(f"no such index file: {args.index}")

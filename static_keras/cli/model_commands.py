@@ -31,6 +31,27 @@ def command_demo(args) -> None:
              serve=not args.no_serve)  # fmt: skip
 
 
+def check_is_model(path: str, command: str) -> None:
+    """UserError naming what `path` is when it is not a .keras model (an
+    index archive given in the model's place, a plain array), and the
+    command line that was meant."""
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        raise UserError(f"{path}: not a .keras model (save one with model.save('model.keras'))")
+    with zipfile.ZipFile(path) as archive:
+        names = set(archive.namelist())
+    if {"config.json", "metadata.json"} <= names:
+        return
+    if names and all(name.endswith(".npy") for name in names):
+        raise UserError(
+            f"{path} is an index or array archive, not a model: the model (.keras) comes "
+            f"first and the index after --index, e.g. static-keras {command} model.keras "
+            f"--index {path}" + (" --model-base-path models/recs" if command == "publish" else "")
+        )
+    raise UserError(f"{path}: not a .keras model (a zip without Keras's config.json)")
+
+
 def _load_model(path: str):
     from static_keras import saving
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
+from static_keras import __version__
 from static_keras.cli import bench_command
 from static_keras.cli import index_commands
 from static_keras.cli import model_commands
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verbose_help = "also print TensorFlow's log lines and served errors in full"
     parser.add_argument("--verbose", action="store_true", help=verbose_help)
+    parser.add_argument("--version", action="version", version=f"static-keras {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = _command(
@@ -51,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
             (validity, eligibility, Recall@10, time per step), a cold-start run, three
             regions served from one index, and an export and hot swap of two index
             versions on the development server. Prints a table and writes OUT/report.md
-            with three plots. A few minutes on a laptop's CPU; --quick is smaller.
+            with three plots. About 1-2 minutes on 2 CPU cores; --quick is smaller (about 1).
             With --strings, the second demo instead: a small transformer trained here for at
             most 3 minutes answers which AWS operation (botocore's 15,000 names) a sentence
             describes, by beam search over its BPE vocabulary and constrained to the names;

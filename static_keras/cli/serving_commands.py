@@ -46,7 +46,7 @@ def command_serve_dev(args) -> None:
     try:
         server.start()  # binds both ports before it loads a model
     except PortUnavailableError as error:
-        raise UserError(str(error)) from None
+        raise UserError(error.command_line_message) from None
     models = [manager.config for manager in server.managers.values()]
     print(
         f"development server (not for production): gRPC {server.grpc_address}, "
@@ -56,6 +56,7 @@ def command_serve_dev(args) -> None:
     for model in models:
         for version, state, error in server.manager(model.name).status(None, None):
             print(f"  {model.name} version {version}: {state} {error}".rstrip(), flush=True)
+        _warn_if_nothing_to_serve(model)
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     try:
@@ -64,6 +65,26 @@ def command_serve_dev(args) -> None:
         pass
     finally:
         server.stop()
+
+
+def _warn_if_nothing_to_serve(model) -> None:
+    """One line on stderr when a model's base path is missing or holds no
+    version: the server keeps polling it (a job may publish there soon),
+    but a typo would otherwise only show as "Servable not found" later."""
+    import os
+
+    from static_keras.export.publish import list_versions
+
+    path = model.base_path
+    if not os.path.isdir(path):
+        problem = (
+            f"{path} does not exist (a typo?); it serves nothing until a version is published there"
+        )
+    elif not list_versions(path):
+        problem = f"{path} holds no version yet; it serves nothing until one is published there"
+    else:
+        return
+    print(f"static-keras: warning: model {model.name!r}: {problem}", file=sys.stderr, flush=True)
 
 
 def _parse_input(text: str):

@@ -58,14 +58,15 @@ def validate_sequences(sequences, vocab_size, *, first_row: int = 0) -> np.ndarr
     if low < 0:
         where = np.argwhere(array < 0)[0]
         raise ValueError(
-            f"`sequences` holds a negative token {int(low)} (row {first_row + where[0]}, "
-            f"position {where[1]}); tokens must lie in [0, {vocab_size})"
+            f"`sequences` holds a negative token {int(array[tuple(where)])} (row "
+            f"{first_row + where[0]}, position {where[1]}); tokens must lie in [0, {vocab_size})"
         )
     if high >= vocab_size:
         where = np.argwhere(array >= vocab_size)[0]
         raise ValueError(
-            f"`sequences` holds token {int(high)} (row {first_row + where[0]}, position "
-            f"{where[1]}), out of range for vocab_size={vocab_size}"
+            f"`sequences` holds token {int(array[tuple(where)])} (row {first_row + where[0]}, "
+            f"position {where[1]}), out of range for vocab_size={vocab_size}; its largest "
+            f"token is {int(high)}, so vocab_size must be at least {int(high) + 1}"
         )
     return np.ascontiguousarray(array, dtype=token_dtype(vocab_size))
 

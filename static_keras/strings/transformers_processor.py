@@ -15,6 +15,14 @@ from static_keras.strings.logits_processor import StringLogitsProcessor
 from static_keras.strings.string_index import StringIndex
 
 
+def max_padding_columns(vocab_size: int) -> int:
+    """How many more scores than tokens a model may have: models pad their
+    embedding rows to a round multiple (a few hundred rows at most), never
+    by a whole tokenizer's worth. More means the index speaks another
+    tokenizer (GPT-2's 50,257 tokens under a Qwen2 model's 151,936 scores)."""
+    return max(1024, vocab_size // 64)
+
+
 class TransformersLogitsProcessor:
     """Makes `model.generate()` answer with exactly one member of a `StringIndex`.
 
@@ -130,7 +138,8 @@ class TransformersLogitsProcessor:
         }
 
     def __call__(self, input_ids, scores):
-        """Masks `scores` (`[R, V]`, `V >= index.vocab_size`) in place and returns it."""
+        """Masks `scores` (`[R, V]`, `V >= index.vocab_size`, padding columns
+        included: `max_padding_columns`) in place and returns it."""
         import torch
 
         rows, width = scores.shape
@@ -139,6 +148,15 @@ class TransformersLogitsProcessor:
                 f"The model's scores have {width} columns but the index was compiled for a "
                 f"vocabulary of {self.index.vocab_size} tokens: compile it with the model's "
                 "tokenizer vocabulary"
+            )
+        padding = width - self.index.vocab_size
+        if padding > max_padding_columns(self.index.vocab_size):
+            raise ValueError(
+                f"The model's scores have {width:,} columns, {padding:,} more than the "
+                f"{self.index.vocab_size:,} tokens the index was compiled for; models pad a "
+                "few hundred columns at most, so the index was compiled for another tokenizer "
+                "than the model's (its answers would decode as other strings): compile it with "
+                "the model's own tokenizer vocabulary (TokenVocabulary.load('tokenizer.json'))"
             )
         if input_ids.shape[0] != rows:
             raise ValueError(
