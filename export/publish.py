@@ -171,11 +171,15 @@ def publish(
     existing = list_versions(base)
     new_version(base, existing, version, keep)  # bad arguments fail before the export
     read = based_on if based_on is not None else (existing[-1] if existing else None)
-    # What the model's sets started from: held for the rebase (a later job may prune it).
-    read_sets = read_sets_of(base, read) if eligible_search(model) is not None else None
+    # What the model's sets started from: held for the rebase (a later job may
+    # prune that version); after a rebase, what the job rebased onto.
+    read_sets = [read_sets_of(base, read) if eligible_search(model) is not None else None]
 
     def rebase(staging, head):
-        return staging if read_sets is None else rebase_staged_sets(base, staging, read_sets, head)
+        if read_sets[0] is None:
+            return staging
+        staging, read_sets[0] = rebase_staged_sets(base, staging, read_sets[0], head)
+        return staging
 
     staged = publish_staged(
         base,

@@ -72,11 +72,15 @@ def merged_sets(read: EligibilitySets, ours: EligibilitySets, newest: Eligibilit
     return merged, tuple(name for name, row in zip(ours.names, changed) if row)
 
 
-def rebase_staged_sets(base: str, staging: str, read: EligibilitySets, head: int) -> str:
+def rebase_staged_sets(base: str, staging: str, read: EligibilitySets, head: int):
     """The staged version at `staging` (a publish's export, checked) with
-    its sets merged onto version `head`'s (`merged_sets`). Returns the
-    directory to rename: `staging` itself when no set changes, else a new
-    staged directory (the old one removed; the new one links its shards)."""
+    its sets merged onto version `head`'s (`merged_sets`: the job's changes
+    since `read` kept, the rest taken from `head`). Returns `(directory to
+    rename, head's sets)`: `staging` itself when no set changes, else a new
+    staged directory (the old one removed; the new one links its shards).
+    Head's sets are what the job has read from now on: the next rebase
+    compares against them, or it would take what it carried in from `head`
+    for a change of its own."""
     newest_path = os.path.join(base, str(head))
     try:
         if not read_metadata(newest_path).get("eligibility"):
@@ -90,7 +94,7 @@ def rebase_staged_sets(base: str, staging: str, read: EligibilitySets, head: int
     ours = read_eligibility(staging)
     sets, _ = merged_sets(read, ours, newest)
     if sets is ours:
-        return staging
+        return staging, newest
     rebased = os.path.join(base, temporary_prefix("publish") + uuid.uuid4().hex)
     note = {"rebased_onto": head}
     try:
@@ -99,7 +103,7 @@ def rebase_staged_sets(base: str, staging: str, read: EligibilitySets, head: int
         shutil.rmtree(rebased, ignore_errors=True)
         raise
     shutil.rmtree(staging, ignore_errors=True)
-    return rebased
+    return rebased, newest
 
 
 def _moved_again(head: int) -> PublishConflict:

@@ -89,6 +89,30 @@ def context_id_ranges(model: keras.Model) -> dict[str, tuple[int, int]]:
     return {integer[0].name: (0, int(decoder.context_vocab_size))}
 
 
+def _check_shape(name: str, tensor: tf.Tensor, spec: tf.TensorSpec) -> tf.Tensor:
+    """`tensor`, once its shape is known to be `spec`'s (any batch), else
+    InvalidArgument naming the input and both shapes. TF Serving feeds a
+    request's tensors as they come (its `Session::Run` does not hold them
+    to the signature's shape), and a history of another length than the
+    model was built for would be answered without a word."""
+    expected = spec.shape.as_list()[1:]
+    if not expected:
+        return tensor
+    shape = tf.shape(tensor, out_type=tf.int64)
+    # Only the dimensions: the rank is the placeholder's to grappler, which
+    # folds a rank check away (a request of another rank fails in the model).
+    padded = tf.concat([shape[1:], tf.fill([len(expected)], tf.constant(-1, tf.int64))], 0)
+    same = tf.reduce_all(tf.equal(padded[: len(expected)], expected))
+    dims = ", ".join(str(d) for d in expected)
+    check = tf.debugging.Assert(
+        same,
+        [f"Input {name!r} must have shape [batch, {dims}] (what the model was built for); "
+         "received shape", shape],
+    )  # fmt: skip
+    with tf.control_dependencies([check]):
+        return tf.identity(tensor)
+
+
 def _check_ids(
     name: str, tensor: tf.Tensor, low: int, high: int, what: str = "the rows of its embedding"
 ) -> tf.Tensor:
@@ -216,6 +240,7 @@ def export_saved_model(
     # The id checks stay outside the XLA cluster: XLA drops Assert ops.
     @tf.function(input_signature=specs)
     def serve(*inputs):
+        inputs = [_check_shape(n, t, spec) for n, t, spec in zip(input_names, inputs, specs)]
         checked = [
             _check_ids(name, tensor, *ranges[name]) if name in ranges else tensor
             for name, tensor in zip(input_names, inputs)
@@ -330,6 +355,7 @@ def _eligible_function(model, module, search, specs, ranges, xla):
     @tf.function(input_signature=eligible_specs)
     def serve_eligible(*inputs):
         *context, set_ids, excluded_ids = inputs
+        context = [_check_shape(n, t, spec) for n, t, spec in zip(input_names, context, specs)]
         checked = [
             _check_ids(name, tensor, *ranges[name]) if name in ranges else tensor
             for name, tensor in zip(input_names, context)

@@ -13,9 +13,9 @@ request must name exactly the signature's inputs (INVALID_ARGUMENT
 otherwise); tensors are fed as they are, with no cast and no shape check:
 `Session::Run` rejects a dtype other than the signature's (INVALID_ARGUMENT,
 "Expects arg[i] to be int32 but int64 is provided") and runs any shape the
-graph accepts (the C++ loader runs a `[1, 5]` history on a `[None, 20]`
-signature, and so does this). Errors raised inside the graph keep their
-TensorFlow status code.
+graph accepts (the C++ loader feeds a `[1, 5]` history to a `[None, 20]`
+signature, and so does this; an exported signature checks the shape
+itself). Errors raised inside the graph keep their TensorFlow status code.
 
 `release_memory` is what follows an unload (or a rejected load): a restored
 SavedModel's functions hold reference cycles that keep its variables (the

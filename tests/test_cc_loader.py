@@ -53,7 +53,7 @@ def test_cc_loader_reports_bad_input(small_model, runner, tmp_path):
 
 @pytest.mark.slow  # the C++ runner and a dev server side by side: 16 s
 def test_cc_loader_and_dev_server_agree_on_ids_shapes_and_dtypes(small_model, runner, tmp_path):
-    """The signature validates ids in both load paths; both run the same shapes and dtypes."""
+    """The signature validates ids and shapes in both load paths; both refuse the same dtypes."""
     from conftest import CONTEXT_VOCAB
 
     from static_keras.export import publish
@@ -75,12 +75,16 @@ def test_cc_loader_and_dev_server_agree_on_ids_shapes_and_dtypes(small_model, ru
                 with pytest.raises(ServingError, match=outside) as served:
                     client.predict("recs", {"history": value})
                 assert served.value.code == "INVALID_ARGUMENT"
-            # A history shorter than the signature's [None, 5]: both run it.
+            # Another length than the signature's [None, 5]: Session::Run feeds it
+            # as it is, and the signature's own check refuses it in both.
+            shape = r"history.{1,3} must have shape \[batch, 5\] .*received shape\W+1\W+3\W"
             short = histories(1, seed=8)[:, :3]
-            cc = run_saved_model(info.path, {"history": short}, binary=runner).outputs
-            served = client.predict("recs", {"history": short})
-            for name, value in cc.items():
-                np.testing.assert_array_equal(served[name], value)
+            with pytest.raises(CcLoaderError, match=shape) as error:
+                run_saved_model(info.path, {"history": short}, binary=runner)
+            assert error.value.code == "INVALID_ARGUMENT"
+            with pytest.raises(ServingError, match=shape) as served:
+                client.predict("recs", {"history": short})
+            assert served.value.code == "INVALID_ARGUMENT"
             # Another integer dtype: Session::Run refuses it in both.
             wide = histories(1).astype("int64")
             with pytest.raises(CcLoaderError, match="int32.*int64|int64.*int32") as error:

@@ -329,3 +329,50 @@ def test_inspect_a_string_index(capsys, tmp_path):
     assert code == 0, out
     assert re.search(r"kind\s+strings", out) and re.search(r"members\s+3", out)
     assert re.search(r"eos_token_id\s+3", out) and index.checksum in out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_query_errors_say_what_listens_there(capsys):
+    """REST pointed at nothing, or at a gRPC port: one line that says so."""
+    from concurrent import futures
+
+    import grpc
+
+    port = _free_port()
+    query = ["query", "--model", "recs", "--input", "history=1,2,3"]
+    code, _, err = run(capsys, *query, "--rest", f"127.0.0.1:{port}")
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"nothing listens at 127.0.0.1:{port} (connection refused)" in err
+    assert "serve-dev" in err and "--wait" in err
+
+    holder = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    grpc_port = holder.add_insecure_port("127.0.0.1:0")
+    holder.start()
+    try:
+        code, _, err = run(capsys, *query, "--rest", f"127.0.0.1:{grpc_port}", "--wait", "5")
+    finally:
+        holder.stop(None)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"127.0.0.1:{grpc_port} does not answer HTTP" in err and "is it a gRPC port?" in err
+
+
+def test_serve_dev_says_when_the_base_path_is_missing(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "static_keras.cli", "serve-dev", "--model_name", "recs",
+         "--model_base_path", str(tmp_path / "nope" / "recs"), "--port", "0",
+         "--rest_api_port", "0", "--run-seconds", "1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    warning = [line for line in done.stderr.splitlines() if "warning" in line]
+    assert warning == [
+        f"static-keras: warning: model 'recs': {tmp_path / 'nope' / 'recs'} does not exist "
+        "(a typo?); it serves nothing until a version is published there"
+    ]

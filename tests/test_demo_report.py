@@ -65,3 +65,26 @@ def test_decodings_are_timed_interleaved(rounds):
     assert warmup == ["a", "b", "c"]
     expected = ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
     assert timed == expected[: 3 * rounds]
+
+
+def test_validity_panels_share_one_labelled_scale(tmp_path, monkeypatch):
+    """A 0.4% bar beside an 83.5% one: both panels on one y scale, each
+    with its y label, so a small share looks small."""
+    from static_keras.demo import report
+
+    figures = {}
+    real_save = report._save
+
+    def keep(figure, out_dir, filename):
+        figures[filename] = [
+            (axis.get_ylabel(), axis.get_ylim(), axis.yaxis.get_tick_params()["labelleft"])
+            for axis in figure.axes
+        ]
+        return real_save(figure, out_dir, filename)
+
+    monkeypatch.setattr(report, "_save", keep)
+    write_report(str(tmp_path), _results())
+    (left, right) = figures["validity.png"]
+    assert left[0] == right[0] == "% of returned results"
+    assert left[1] == right[1] and left[1][1] >= 83.5  # one scale, up to the tallest bar
+    assert left[2] and right[2]

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 
@@ -196,6 +197,16 @@ def test_bad_eligibility_inputs_are_invalid_argument(eligible_model, tmp_path):
         with pytest.raises(ServingFailure, match=pattern) as caught:
             servable.run(ELIGIBLE_SIGNATURE, {**good, **bad})
         assert caught.value.code == "INVALID_ARGUMENT"
+    # A history of another length than the model was built for: refused by
+    # the graph (TF Serving's Session::Run feeds any shape), in both signatures.
+    expected = rf"Input .{{1,2}}history.{{1,2}} must have shape \[batch, {HISTORY}\]"
+    for history in (context[:, :3], np.tile(context, (1, 100))):
+        for signature, inputs in ((ELIGIBLE_SIGNATURE, good), ("serving_default", {})):
+            with pytest.raises(ServingFailure, match=expected) as caught:
+                servable.run(signature, {**inputs, "history": history})
+            assert caught.value.code == "INVALID_ARGUMENT"
+            dims = r"\W+".join(str(d) for d in history.shape)
+            assert re.search(rf"received shape\W+{dims}\W", str(caught.value)), caught.value
 
 
 def test_refresh_changes_only_the_eligibility_variables(eligible_model, tmp_path):

@@ -288,6 +288,40 @@ def test_a_set_the_catalogue_job_changed_keeps_its_members(model_file, tmp_path,
     _assert_sets(info.path, new_index, {"in_stock": rule, "fr": new_ids[:12]})
 
 
+def test_a_set_changed_twice_while_the_catalogue_job_rebases_keeps_the_last(
+    model_file, tmp_path, monkeypatch
+):
+    """in_stock lands during the export, and again during the job's first
+    rebase: the second rebase compares against what it rebased onto, so the
+    last rule is published (the 2x10^7 soak found the first kept)."""
+    from static_keras.export import rebase
+    from static_keras.export import saved_model
+
+    _, model = model_file
+    base = tmp_path / "recs"
+    publish(model, base, **WARMUP)
+    fr_before = _members(base / "1", "fr")
+    new_index = _catalogue(replaced=30)
+    both = np.intersect1d(_ids(new_index), _ids(_catalogue()))  # items of both catalogues
+    swapped = static_keras.export.replace_index(model, new_index)
+    real_export, real_write = saved_model.export_saved_model, rebase.write_with_sets
+
+    def export_after_a_rule(*args, **kwargs):
+        assert refresh_eligibility(base, {"in_stock": both[:40]}).version == 2
+        return real_export(*args, **kwargs)
+
+    def rebase_after_another(*args, **kwargs):
+        if len(list_versions(base)) == 2:
+            assert refresh_eligibility(base, {"in_stock": both[100:130]}).version == 3
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(saved_model, "export_saved_model", export_after_a_rule)
+    monkeypatch.setattr(rebase, "write_with_sets", rebase_after_another)
+    info = publish(swapped, base, based_on=1, **WARMUP)
+    assert (info.version, info.rebased_onto) == (4, (2, 3))
+    _assert_sets(info.path, new_index, {"in_stock": both[100:130], "fr": fr_before})
+
+
 def _random_sets(catalogue, rng) -> EligibilitySets:
     ids = catalogue.item_ids
     return EligibilitySets.build(

@@ -298,7 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
         """,
         example="""
             static-keras serve-dev --model_name recs --model_base_path models/recs &
-            static-keras query --grpc 127.0.0.1:8500 --model recs --input history=3,14,15 --wait 60
+            history=3,14,15,92,65,35,89,79,32,38,46,26,43,38,32,79,50,28,84,19
+            static-keras query --grpc 127.0.0.1:8500 --model recs --input history=$history --wait 60
         """,
     )
     serve.add_argument("--port", type=int, default=8500, help="gRPC port (default 8500)")
@@ -339,15 +340,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="""
             Send one Predict request (signature serving_default) to tensorflow_model_server
             or serve-dev and print each output. Inputs are int32 rows: --input
-            history=1,2,3 is one row, 'history=1,2,3;4,5,6' two. A gRPC answer says which
+            history=1,2,3 is one row, 'history=1,2,3;4,5,6' two. A row has the length the
+            model was built for (20 ids for a history of 20); another length is refused
+            with INVALID_ARGUMENT naming the input and its shape. A gRPC answer says which
             version served it; a REST answer from tensorflow_model_server does not (pin
             --version). Neither path loads TensorFlow, so a query against a running server
             takes a fraction of a second. Errors raised by the model (an id out of range)
             print as their message alone; --verbose prints them as served.
         """,
         example="""
-            static-keras query --grpc 127.0.0.1:8500 --model recs --input history=3,14,15,92
-            static-keras query --rest 127.0.0.1:8501 --model recs --input 'history=3,14;15,92'
+            history=3,14,15,92,65,35,89,79,32,38,46,26,43,38,32,79,50,28,84,19
+            static-keras query --grpc 127.0.0.1:8500 --model recs --input history=$history
+            static-keras query --rest 127.0.0.1:8501 --model recs --input "history=$history"
         """,
     )
     query.add_argument("--model", required=True, help="model name")

@@ -92,26 +92,31 @@ def _plots(out_dir: str, results: dict) -> list[str]:
     fresh = rows[-1]["name"].split(": ", 1)[-1]
     files = []
 
-    def bars(axis, values, labels, errors=None, digits=1):
-        """Bars with their values above, and headroom so that no label meets the frame."""
+    def bars(axis, values, labels, errors=None, digits=1, top=None):
+        """Bars with their values above, and headroom so that no label meets
+        the frame; `top`: the panels' shared scale (default: these bars')."""
         axis.bar(range(len(values)), values, color=colors, yerr=errors, capsize=4)
         axis.set_xticks(range(len(values)), names, fontsize=8)
         above = errors[1] if errors is not None else np.zeros(len(values))
         tops = [value + extra for value, extra in zip(values, above)]
-        top = max(tops) or 1.0  # all zero: still an axis
+        top = top or max(tops) or 1.0  # all zero: still an axis
         axis.set_ylim(0, top * 1.25)
         for x, (value, label) in enumerate(zip(tops, labels)):
             axis.text(x, value + top * 0.02, label, ha="center", va="bottom", fontsize=9)
 
     # What each constraint promises, as the share of results that break it.
-    figure, (real, eligible) = plt.subplots(1, 2, figsize=(8.4, 3.6))
+    # One scale for both panels, labelled on each: a small share looks small.
+    figure, (real, eligible) = plt.subplots(1, 2, figsize=(8.4, 3.6), sharey=True)
     invalid = [100 * (1 - row["valid"]) for row in rows]
     stale = [100 * (1 - row["eligible"]) for row in rows]
-    bars(real, invalid, [_percent(v) for v in invalid])
+    top = max(invalid + stale) or 1.0
+    bars(real, invalid, [_percent(v) for v in invalid], top=top)
     real.set_title("not a catalogue item", fontsize=10)
-    bars(eligible, stale, [_percent(v) for v in stale])
+    bars(eligible, stale, [_percent(v) for v in stale], top=top)
     eligible.set_title(f"not {fresh}", fontsize=10)
-    real.set_ylabel("% of returned results")
+    for axis in (real, eligible):
+        axis.set_ylabel("% of returned results")
+        axis.tick_params(labelleft=True)
     figure.suptitle("Results that break the rule (lower is better)")
     files.append(_save(figure, out_dir, "validity.png"))
 
