@@ -349,9 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
             print as their message alone; --verbose prints them as served.
         """,
         example="""
-            history=3,14,15,92,65,35,89,79,32,38,46,26,43,38,32,79,50,28,84,19
-            static-keras query --grpc 127.0.0.1:8500 --model recs --input history=$history
-            static-keras query --rest 127.0.0.1:8501 --model recs --input "history=$history"
+            static-keras query --grpc 127.0.0.1:8500 --model recs \\
+                --input history=3,14,15,92,65,35,89,79,32,38,46,26,43,38,32,79,50,28,84,19
+            static-keras query --rest 127.0.0.1:8501 --model recs \\
+                --input history=3,14,15,92,65,35,89,79,32,38,46,26,43,38,32,79,50,28,84,19
         """,
     )
     query.add_argument("--model", required=True, help="model name")
