@@ -170,6 +170,13 @@ def publish(
     os.makedirs(base, exist_ok=True)
     existing = list_versions(base)
     new_version(base, existing, version, keep)  # bad arguments fail before the export
+    if based_on is not None and (
+        isinstance(based_on, bool) or not isinstance(based_on, int) or based_on not in existing
+    ):
+        raise ValueError(
+            f"`based_on` must be a version under {base!r} (the one whose sets the model "
+            f"carries); versions: {existing}. Received: based_on={based_on!r}"
+        )
     read = based_on if based_on is not None else (existing[-1] if existing else None)
     # What the model's sets started from: held for the rebase (a later job may
     # prune that version); after a rebase, what the job rebased onto.

@@ -283,6 +283,9 @@ def test_a_set_the_catalogue_job_changed_keeps_its_members(model_file, tmp_path,
         return real(*args, **kwargs)
 
     monkeypatch.setattr(saved_model, "export_saved_model", paused)
+    for bad in (7, "1", True, 0):
+        with pytest.raises(ValueError, match=r"`based_on` must be a version under .*\[1\]"):
+            publish(swapped, base, based_on=bad, **WARMUP)
     info = publish(swapped, base, based_on=1, **WARMUP)
     assert info.version == 3
     _assert_sets(info.path, new_index, {"in_stock": rule, "fr": new_ids[:12]})
