@@ -162,7 +162,9 @@ def publish(
     from static_keras.export.eligibility import eligible_search
     from static_keras.export.rebase import read_sets_of
     from static_keras.export.rebase import rebase_staged_sets
-    from static_keras.export.saved_model import export_saved_model
+    from static_keras.tensorflow_log_lines import import_quietly
+
+    export_saved_model = import_quietly("static_keras.export.saved_model").export_saved_model
 
     start = time.perf_counter()
     base = os.fspath(model_base_path)

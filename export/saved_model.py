@@ -21,6 +21,7 @@ from static_keras.export.metadata import model_metadata
 from static_keras.export.warmup import WARMUP_FILENAME
 from static_keras.export.warmup import write_warmup_requests
 from static_keras.layers.eligibility_kernels import MAX_DYNAMIC_EXCLUDED
+from static_keras.tensorflow_log_lines import notes_hidden
 
 SIGNATURE = "serving_default"
 
@@ -288,7 +289,8 @@ def export_saved_model(
             json.dump(metadata, file, indent=2, sort_keys=True)
         module.index_metadata = tf.saved_model.Asset(metadata_file)
         target = os.path.join(staging, "model")
-        tf.saved_model.save(module, target, signatures=signatures)
+        with notes_hidden():  # "Assets written to: <staging path>" and an input-name note
+            tf.saved_model.save(module, target, signatures=signatures)
         os.unlink(metadata_file)
         examples = warmup_inputs or {
             s.name: np.full([1, *s.shape[1:]], ranges.get(s.name, (0,))[0], s.dtype.as_numpy_dtype)

@@ -9,9 +9,7 @@ imports every layer module first.
 
 from __future__ import annotations
 
-import importlib
-
-import keras
+from static_keras.tensorflow_log_lines import import_quietly
 
 #: Every module that defines a registered Keras object of the kit.
 LAYER_MODULES = (
@@ -26,10 +24,11 @@ LAYER_MODULES = (
 def register_layers() -> None:
     """Registers every static-keras layer with Keras (idempotent)."""
     for module in LAYER_MODULES:
-        importlib.import_module(module)
+        import_quietly(module)
 
 
 def load_model(path, **kwargs):
     """`keras.saving.load_model` with the static-keras layers registered."""
     register_layers()
+    keras = import_quietly("keras")
     return keras.saving.load_model(path, **kwargs)

@@ -1,12 +1,19 @@
 """Keras 3 layers: the per-step constraint (one base, two kinds) and a
 reference step decoder."""
 
-from static_keras.layers.automaton_constraint import AutomatonConstraint
-from static_keras.layers.cached_transformer_decoder import CachedTransformerDecoder
-from static_keras.layers.cached_transformer_decoder import TeacherForcing
-from static_keras.layers.constrained_decoding import ConstrainedDecoding
-from static_keras.layers.decoding_constraint import DecodingConstraint
-from static_keras.layers.layer_classes import constraint_for
+from static_keras.lazy_names import lazy_names
+
+# name -> the module that defines it, imported on first use with TensorFlow's
+# harmless start-up lines filtered (static_keras.tensorflow_log_lines)
+_LAZY = {
+    "AutomatonConstraint": "static_keras.layers.automaton_constraint",
+    "CachedTransformerDecoder": "static_keras.layers.cached_transformer_decoder",
+    "TeacherForcing": "static_keras.layers.cached_transformer_decoder",
+    "ConstrainedDecoding": "static_keras.layers.constrained_decoding",
+    "DecodingConstraint": "static_keras.layers.decoding_constraint",
+    "constraint_for": "static_keras.layers.layer_classes",
+}
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
 
 __all__ = [
     "AutomatonConstraint",
