@@ -80,10 +80,10 @@ BEAM, RESULTS = 20, 10
 WARMUP_BATCHES = (1, 32)
 SET = "in_stock"
 CHANGE = 0.01  # share of the set (rules) and of the catalogue (items) changed
-EXCLUDED = 3  # item ids each restricted request excludes
+EXCLUDED = 8  # item ids each restricted request excludes
 COLUMNS = ["n", "ids", "stage", "seconds", "peak_rss_mib", "status", "requests", "failed",
            "failed_default", "unexpected_versions", "wrong_items", "max_latency_ms", "p50_ms",
-           "p90_ms", "notes"]  # fmt: skip
+           "p90_ms", "ratio", "notes"]  # fmt: skip
 MIB = 2**20
 
 
@@ -522,7 +522,8 @@ def _run_size(config, n, seed, stages, workdir):
     )
     stages.add("publish_v1", v1.seconds, stage.peak, notes=f"{notes}; {stage.grown}")
     model_path = os.path.join(workdir, "model.keras")
-    model.save(model_path)  # the trained model the daily catalogue job starts from
+    if not config.get("serving_only"):
+        model.save(model_path)  # the trained model the daily catalogue job starts from
     del model, search, constraint
 
     requests = Requests(rng, in_stock)
@@ -557,28 +558,29 @@ def _run_size(config, n, seed, stages, workdir):
             f"{server.load_seconds(1)} s (server log)",
         )
 
-        for signature, batch in (
-            ("serving_default", 1),
-            ("serving_default", 32),
-            ("serving_eligible", 1),
-            ("serving_eligible", 32),
-        ):
-            times = _latencies(
-                client, requests.proto[signature, batch], signature, config["requests"]
-            )
-            p50, p90 = common.percentile(times, 0.5), common.percentile(times, 0.9)
+        kinds = [(signature, batch) for batch in WARMUP_BATCHES
+                 for signature in ("serving_default", "serving_eligible")]  # fmt: skip
+        times = _interleaved_latencies(client, requests, kinds, config["requests"])
+        for signature, batch in kinds:
+            p50 = common.percentile(times[signature, batch], 0.5)
+            p90 = common.percentile(times[signature, batch], 0.9)
             stages.add(
                 f"predict_{signature.split('_')[1]}_b{batch}",
                 p50,
                 rss(server.pid),
                 p50_ms=round(1e3 * p50, 2),
                 p90_ms=round(1e3 * p90, 2),
-                requests=len(times),
-                notes=f"p50 {1e3 * p50:.1f} ms, p90 "
-                f"{1e3 * p90:.1f} ms over {len(times)} sequential requests",
+                requests=len(times[signature, batch]),
+                notes=f"p50 {1e3 * p50:.1f} ms, p90 {1e3 * p90:.1f} ms over "
+                f"{len(times[signature, batch])} requests, interleaved",
             )
+        for batch in WARMUP_BATCHES:
+            _eligible_cost(stages, "dev server", batch, times["serving_default", batch],
+                           times["serving_eligible", batch])  # fmt: skip
         steady = rss(server.pid)
         stages.add("server_rss_one_version", peak=steady, notes="server RSS serving v1, warm")
+        if config.get("serving_only"):
+            return
 
         load = Load(server.address, requests, config["load_threads"], config["load_pause_ms"] / 1e3)
 
@@ -653,7 +655,38 @@ def _latencies(client, proto, signature, count, warmup=3):
     return times
 
 
-def _cc_stage(stages, path, requests):
+def _interleaved_latencies(client, requests, kinds, count, warmup=3):
+    """{(signature, batch): [seconds]}: `count` rounds that each send every
+    kind once, in turn forward and backward, so drift in the machine's load
+    falls on every kind alike."""
+    times = {kind: [] for kind in kinds}
+    for i in range(warmup + count):
+        for kind in kinds if i % 2 == 0 else kinds[::-1]:
+            start = time.perf_counter()
+            client.predict_raw(MODEL, requests.proto[kind], signature=kind[0])
+            if i >= warmup:
+                times[kind].append(time.perf_counter() - start)
+    return times
+
+
+def _eligible_cost(stages, path, batch, plain, eligible):
+    """A row: p50 of `serving_eligible` over p50 of `serving_default`."""
+    plain_p50, eligible_p50 = common.percentile(plain, 0.5), common.percentile(eligible, 0.5)
+    ratio = eligible_p50 / plain_p50
+    stages.add(
+        f"eligible_cost_b{batch}" + ("_cc" if path != "dev server" else ""),
+        ratio=round(ratio, 3),
+        notes=f"{ratio:.2f}x: serving_eligible p50 {1e3 * eligible_p50:.1f} ms / "
+        f"serving_default {1e3 * plain_p50:.1f} ms, batch {batch}, set 0 and {EXCLUDED} "
+        f"excluded ids, interleaved, {path}",
+    )
+
+
+def _cc_stage(stages, path, requests, rounds=3, repeat=20):
+    """The C++ `LoadSavedModel` load and first run, then the eligible cost
+    through `Session::Run` (XLA off, as a default server): per batch size,
+    `rounds` runner processes per signature, alternating, each timing
+    `repeat` runs after its first."""
     from static_keras.serving import cc_loader
 
     if cc_loader.compiler() is None:
@@ -667,16 +700,27 @@ def _cc_stage(stages, path, requests):
             result = cc_loader.run_saved_model(
                 path, requests.inputs["serving_default", 1], binary=binary
             )
+        stages.add(
+            "cc_load",
+            (result.load_ms + result.run_ms) / 1e3,
+            sampler.peak,
+            notes=f"LoadSavedModel {result.load_ms:.0f} ms + first Run {result.run_ms:.0f} ms "
+            f"(XLA off); runner build/cache lookup {built:.1f} s",
+        )
+        for batch in WARMUP_BATCHES:
+            times = {"serving_default": [], "serving_eligible": []}
+            for i in range(rounds):
+                order = list(times) if i % 2 == 0 else list(times)[::-1]
+                for signature in order:
+                    run = cc_loader.run_saved_model(
+                        path, requests.inputs[signature, batch], signature=signature,
+                        binary=binary, repeat=repeat,
+                    )  # fmt: skip
+                    times[signature] += [ms / 1e3 for ms in run.repeat_ms]
+            _eligible_cost(stages, "C++ Session::Run", batch, times["serving_default"],
+                           times["serving_eligible"])  # fmt: skip
     except cc_loader.CcLoaderError as error:
         stages.add("cc_load", status="skipped", notes=f"C++ loader failed: {error}"[:300])
-        return
-    stages.add(
-        "cc_load",
-        (result.load_ms + result.run_ms) / 1e3,
-        sampler.peak,
-        notes=f"LoadSavedModel {result.load_ms:.0f} ms + first Run {result.run_ms:.0f} ms "
-        f"(XLA off); runner build/cache lookup {built:.1f} s",
-    )
 
 
 def _swap(stages, name, job, server, client, load, old, steady, config, allowed, subs=()):
@@ -932,6 +976,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="pause of a load thread between two requests (default 50)",
     )
     parser.add_argument("--no-cc", action="store_true", help="skip the C++ LoadSavedModel stage")
+    parser.add_argument(
+        "--serving-only",
+        action="store_true",
+        help="stop after the served latencies (no rules or catalogue change)",
+    )
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per wait")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", help="where version directories go (default: temp)")
@@ -969,6 +1018,7 @@ def main(argv=None) -> list[dict]:
         "load_threads": max(3, args.load_threads),
         "load_pause_ms": args.load_pause_ms,
         "cc": not (args.quick or args.no_cc),
+        "serving_only": args.serving_only,
         "timeout": args.timeout,
         "workdir": args.workdir,
         "keep_workdir": args.keep_workdir,

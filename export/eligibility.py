@@ -66,6 +66,11 @@ def excluded_members(item_ids, sorted_ids, sorted_members, num_members: int) -> 
     An item id that names several members (an index built with duplicate
     ids) excludes the first of them.
     """
+    # Reads first: a gather on the variables themselves would put them in
+    # copy-on-read mode, and the search's read would copy the whole table
+    # (N int64s) on every request (`gather.take`).
+    sorted_ids = tf.convert_to_tensor(sorted_ids)
+    sorted_members = tf.convert_to_tensor(sorted_members)
     ids = tf.cast(item_ids, tf.int64)
     flat = tf.reshape(ids, [1, -1])
     position = tf.searchsorted(sorted_ids[None], flat, side="left")

@@ -24,7 +24,7 @@ from benchmarks import lifecycle  # noqa: E402
 STAGES = {
     "data", "index_build", "eligibility_build", "model_build", "publish_v1", "cc_load",
     "server_start", "predict_default_b1", "predict_default_b32", "predict_eligible_b1",
-    "predict_eligible_b32", "server_rss_one_version",
+    "predict_eligible_b32", "eligible_cost_b1", "eligible_cost_b32", "server_rss_one_version",
     "rules_change", "rules_change.replace", "rules_change.job_import",
     "rules_change.refresh_eligibility", "rules_change.job", "rules_change.server_load",
     "rules_change.pickup", "rules_change.server_rss_after",
@@ -103,4 +103,10 @@ def test_lifecycle_benchmark_runs_clean(tmp_path):
     assert "TensorFlow not imported" in rows["rules_change.job"]["notes"]
     for stage in ("predict_default_b1", "predict_eligible_b32"):
         assert float(rows[stage]["p90_ms"]) >= float(rows[stage]["p50_ms"]) > 0
+    for batch in (1, 32):  # interleaved: one ratio per batch size, from the two p50s
+        ratio = float(rows[f"eligible_cost_b{batch}"]["ratio"])
+        p50s = [
+            float(rows[f"predict_{kind}_b{batch}"]["p50_ms"]) for kind in ("eligible", "default")
+        ]
+        assert ratio == pytest.approx(p50s[0] / p50s[1], rel=0.02)
     assert rows["cc_load"]["status"] == "skipped"

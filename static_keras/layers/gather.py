@@ -24,7 +24,11 @@ def take(x, indices):
     if backend == "tensorflow":
         import tensorflow as tf
 
-        return tf.gather(x, indices)
+        # A read, then a gather: `tf.gather` on a variable is a `ResourceGather`,
+        # which puts the variable in copy-on-read mode for good, and every later
+        # plain read of it (a reshape, a search) then copies all of it: a
+        # per-request cost that grows with the catalogue.
+        return tf.gather(tf.convert_to_tensor(x), indices)
     if backend == "jax":
         import jax.numpy as jnp
 
