@@ -275,3 +275,30 @@ def test_string_archive_of_version_0_1_0_loads(tmp_path):
     npz_archive.write(tmp_path / "bad.npz", arrays, document, temp_prefix=".tmp-")
     with pytest.raises(ValueError, match="format version 2; this static-keras reads version 1"):
         load_index(tmp_path / "bad.npz")
+
+
+@pytest.mark.parametrize("make", KINDS)
+def test_a_layer_built_from_an_index_holds_what_set_index_assigns(make):
+    # Built from an index, the weights are created from its arrays (no zeros
+    # first); built from a config (a `.keras` file), they start at zeros and
+    # `set_index` / `set_eligibility` assign. Both must hold the same values.
+    from static_keras.index.eligibility import EligibilitySets
+    from static_keras.index.member_catalogue import MemberCatalogue
+
+    index = make()
+    ids = MemberCatalogue.from_index(index).item_ids
+    sets = EligibilitySets.build(index, {"odd": ids[1::2], "few": ids[:3]})
+    layer_class = type(constraint_for(index))
+    built = layer_class(index, eligibility=sets)
+    loaded = layer_class.from_config(built.get_config())
+    assert not np.asarray(ops.convert_to_numpy(loaded.weights[0])).any()  # zeros until assigned
+    loaded.set_index(index)
+    loaded.set_eligibility(sets)
+    assert [w.path for w in built.weights] == [w.path for w in loaded.weights]
+    for ours, theirs in zip(built.weights, loaded.weights):
+        np.testing.assert_array_equal(ops.convert_to_numpy(ours), ops.convert_to_numpy(theirs))
+    assert (
+        built.catalogue_fingerprint()
+        == loaded.catalogue_fingerprint()
+        == sets.catalogue.fingerprint
+    )

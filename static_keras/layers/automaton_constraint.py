@@ -107,15 +107,18 @@ class AutomatonConstraint(keras.layers.Layer, EligibilityMethods, DecodingConstr
     def build(self, input_shape=None):
         if self.built:
             return
-        index_weights.add_weights(self.add_weight, self.layout.array_shapes(), self.index_weights)
+        # With an index at hand its arrays are the weights' initial values
+        # (one copy: no zeros first); without one (a `.keras` file loading)
+        # the weights start at zeros and the file's values are assigned.
+        index, self._pending_index = self._pending_index, None
+        values = (None, None, None) if index is None else self._weight_arrays(index)
+        shapes = self.layout.array_shapes()
+        index_weights.add_weights(self.add_weight, shapes, self.index_weights, values[0])
         derived = {} if self.dense_head is None else self.dense_head.weight_shapes()
-        index_weights.add_weights(self.add_weight, derived, self.derived_index_weights)
-        self._build_eligibility()
-        if self._pending_index is not None:
-            self.set_index(self._pending_index)
-            self._pending_index = None
+        index_weights.add_weights(self.add_weight, derived, self.derived_index_weights, values[1])
+        self._build_eligibility(values[2])
         if self.eligibility_filter.pending is not None:
-            self.set_eligibility(self.eligibility_filter.pending)
+            self._assign_eligibility(self.eligibility_filter.pending, index)
             self.eligibility_filter.pending = None
         self.built = True
 
@@ -130,13 +133,17 @@ class AutomatonConstraint(keras.layers.Layer, EligibilityMethods, DecodingConstr
                 "The index does not match this layer: index layout "
                 f"{index.layout.to_config()} vs layer layout {self.layout.to_config()}"
             )
-        index_weights.assign_arrays(self.index_weights, index.arrays)
-        if self.dense_head is not None:
-            arrays = self.dense_head.weight_arrays(index.arrays)
-            index_weights.assign_arrays(self.derived_index_weights, arrays)
-        if self.num_eligibility_sets:
-            arrays = self.member_range_part.weight_arrays(index)
-            index_weights.assign_arrays(self.member_range_weights, arrays)
+        arrays, derived, member_ranges = self._weight_arrays(index)
+        index_weights.assign_arrays(self.index_weights, arrays)
+        index_weights.assign_arrays(self.derived_index_weights, derived)
+        index_weights.assign_arrays(self.member_range_weights, member_ranges)
+
+    def _weight_arrays(self, index) -> tuple[dict, dict, dict]:
+        """The values of the index weights, of those the dense head derives
+        from them and of the member ranges (where the layer holds sets)."""
+        derived = {} if self.dense_head is None else self.dense_head.weight_arrays(index.arrays)
+        ranges = self.member_range_part.weight_arrays(index) if self.num_eligibility_sets else {}
+        return index.arrays, derived, ranges
 
     def get_config(self):
         config = super().get_config()
@@ -147,7 +154,7 @@ class AutomatonConstraint(keras.layers.Layer, EligibilityMethods, DecodingConstr
             config["eligibility_names"] = None if names is None else list(names)
         return config
 
-    def _build_eligibility(self) -> None:
+    def _build_eligibility(self, member_range_values=None) -> None:
         # Set weights, those a kind derives from the sets, then its member
         # ranges: the order files hold them in.
         part = self.dense_eligibility
@@ -158,7 +165,9 @@ class AutomatonConstraint(keras.layers.Layer, EligibilityMethods, DecodingConstr
         if not self.num_eligibility_sets:
             return
         shapes = {n: (s, np.int32) for n, s in self.member_range_part.weight_shapes().items()}
-        index_weights.add_weights(self.add_weight, shapes, self.member_range_weights)
+        index_weights.add_weights(
+            self.add_weight, shapes, self.member_range_weights, member_range_values
+        )
 
     def index_arrays(self) -> dict[str, np.ndarray]:
         """The device arrays this layer holds, as NumPy arrays of the layout's dtypes."""

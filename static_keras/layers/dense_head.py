@@ -49,8 +49,9 @@ class DenseHead:
         return dense_edge_rows.shapes(self.layout)
 
     def weight_arrays(self, arrays) -> dict:
-        """Their values, from an index's arrays."""
-        if not self.edge_rows:
+        """Their values, from an index's arrays (before the weights exist:
+        a layer creates them from these)."""
+        if not self.weight_shapes():
             return {}
         return dense_edge_rows.arrays(self.layout, arrays["dense_states"])
 

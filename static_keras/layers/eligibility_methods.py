@@ -37,9 +37,22 @@ class EligibilityMethods:
         holds, with the same names (a set id means the same set before and
         after); a layer built without names takes these.
         """
-        fingerprint = (
-            self.catalogue_fingerprint() if isinstance(eligibility_sets, EligibilitySets) else ""
-        )
+        self._assign_eligibility(eligibility_sets, None)
+
+    def _assign_eligibility(self, eligibility_sets, index) -> None:
+        """`set_eligibility`; with the `index` the layer is being built from,
+        the catalogue's fingerprint comes from its host arrays instead of a
+        read of the weights (a copy of every item id)."""
+        fingerprint = ""
+        if isinstance(eligibility_sets, EligibilitySets):
+            fingerprint = (
+                self.catalogue_fingerprint()
+                if index is None
+                else catalogue_fingerprint(
+                    index.arrays[self.layout.member_ids_array] if self.has_item_ids else None,
+                    self.layout.num_members,
+                )
+            )
         part = self.dense_eligibility
         derived = (lambda sets: {}) if part is None else part.mask_arrays
         self.eligibility_filter.assign(
@@ -57,7 +70,7 @@ class EligibilityMethods:
         if not self.has_item_ids:
             return np.arange(self.layout.num_members, dtype=np.int64)
         weight = self.index_weights[self.layout.member_ids_array]
-        return np.asarray(ops.convert_to_numpy(weight)).astype(np.int64)
+        return np.asarray(ops.convert_to_numpy(weight)).astype(np.int64, copy=False)
 
     def catalogue(self) -> MemberCatalogue:
         """The `MemberCatalogue` of the index this layer holds."""

@@ -49,13 +49,18 @@ def resolve_layout(index, layout_fields: dict, index_class, layout_class, layer_
     return layout
 
 
-def add_weights(add_weight, shapes: dict, group: dict) -> None:
-    """Adds a zero, non-trainable weight per `name -> (shape, dtype)` to `group`."""
+def add_weights(add_weight, shapes: dict, group: dict, values: dict | None = None) -> None:
+    """Adds a non-trainable weight per `name -> (shape, dtype)` to `group`:
+    created from `values[name]` where given (the variable is the one copy:
+    no zero-filled buffer that an assignment then replaces), else zeros."""
     for name, (shape, dtype) in shapes.items():
+        dtype = device_dtype(dtype)
+        initializer = "zeros"
+        if values is not None and name in values:
+            initializer = _initial_value(name, values[name], dtype)
         group[name] = add_weight(
-            name=name, shape=shape, dtype=device_dtype(dtype), initializer="zeros",
-            trainable=False,
-        )  # fmt: skip
+            name=name, shape=shape, dtype=dtype, initializer=initializer, trainable=False
+        )
 
 
 def assign_arrays(group: dict, arrays: dict) -> None:
@@ -63,13 +68,22 @@ def assign_arrays(group: dict, arrays: dict) -> None:
     value does not fit the weight's dtype (int64 ids on JAX without x64)."""
     for name, array in arrays.items():
         weight = group[name]
-        values = array.astype(weight.dtype, copy=False)
-        if values.dtype != array.dtype and not np.array_equal(values, array):
-            raise ValueError(
-                f"Index array {name!r} holds values beyond {weight.dtype}; "
-                "on JAX enable 64-bit with jax_enable_x64"
-            )
-        weight.assign(values)
+        weight.assign(_fitted(name, array, weight.dtype))
+
+
+def _initial_value(name: str, array, dtype: str):
+    fitted = _fitted(name, array, dtype)
+    return lambda shape, dtype=None: fitted
+
+
+def _fitted(name: str, array, dtype: str) -> np.ndarray:
+    values = array.astype(dtype, copy=False)
+    if values.dtype != array.dtype and not np.array_equal(values, array):
+        raise ValueError(
+            f"Index array {name!r} holds values beyond {dtype}; "
+            "on JAX enable 64-bit with jax_enable_x64"
+        )
+    return values
 
 
 def read_arrays(group: dict, shapes: dict) -> dict[str, np.ndarray]:
