@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
             (validity, eligibility, Recall@10, time per step), a cold-start run, three
             regions served from one index, and an export and hot swap of two index
             versions on the development server. Prints a table and writes OUT/report.md
-            with three plots. About 1-2 minutes on 2 CPU cores; --quick is smaller (about 1).
+            with three plots. 40 s to 2 minutes on 2 CPU cores; --quick is smaller (about 1).
             With --strings, the second demo instead: a small transformer trained here for at
             most 3 minutes answers which AWS operation (botocore's 15,000 names) a sentence
             describes, by beam search over its BPE vocabulary and constrained to the names;
