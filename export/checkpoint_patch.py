@@ -26,8 +26,9 @@ import shutil
 import struct
 from typing import Mapping
 
-import google_crc32c
 import numpy as np
+
+from static_keras.index.tfrecord import masked_crc32c
 
 _MAGIC = 0xDB4775248B80FB57
 _FOOTER_BYTES = 48  # two block handles padded to 20 bytes each, then the magic
@@ -54,7 +55,7 @@ def replace_tensors(
     for key in sorted(tensors):
         entry = entries[key]
         data = _tensor_bytes(key, entry, tensors[key])
-        entry.update(offset=offset, size=len(data), crc32c=_masked_crc(data), shard_id=-1)
+        entry.update(offset=offset, size=len(data), crc32c=masked_crc32c(data), shard_id=-1)
         chunks.append(data)
         offset += len(data)
 
@@ -94,7 +95,7 @@ def read_tensors(prefix: str, keys) -> dict[str, np.ndarray]:
         with open(_shard(prefix, entry["shard_id"], header["num_shards"]), "rb") as file:
             file.seek(entry["offset"])
             data = file.read(entry["size"])
-        if len(data) != entry["size"] or _masked_crc(data) != entry["crc32c"]:
+        if len(data) != entry["size"] or masked_crc32c(data) != entry["crc32c"]:
             raise ValueError(f"{prefix}: tensor {key!r} does not match its checksum (corrupt)")
         out[key] = np.frombuffer(data, dtype).reshape(entry["shape"])
     return out
@@ -155,12 +156,6 @@ def _link_or_copy(source: str, target: str) -> None:
 def _read(path: str) -> bytes:
     with open(path, "rb") as file:
         return file.read()
-
-
-def _masked_crc(data: bytes) -> int:
-    """LevelDB's and TensorFlow's masked CRC-32C."""
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 # The protos, field by field (tensor_bundle.proto) --------------------------
@@ -280,7 +275,7 @@ def _block(table: bytes, handle: bytes) -> bytes:
     (stored,) = struct.unpack("<I", table[offset + size + 1 : offset + size + 5])
     if kind != 0:
         raise ValueError("compressed checkpoint index blocks are not supported")
-    if stored != _masked_crc(table[offset : offset + size + 1]):
+    if stored != masked_crc32c(table[offset : offset + size + 1]):
         raise ValueError("checkpoint index block checksum mismatch (a corrupt file)")
     return contents
 
@@ -334,7 +329,7 @@ def _table(entries) -> bytes:
     def append(block: bytes) -> bytes:
         handle = _put_varint(len(out)) + _put_varint(len(block))
         trailed = block + b"\x00"
-        out.extend(trailed + struct.pack("<I", _masked_crc(trailed)))
+        out.extend(trailed + struct.pack("<I", masked_crc32c(trailed)))
         return handle
 
     data = append(_build_block(entries, _RESTART_INTERVAL))

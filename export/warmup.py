@@ -12,6 +12,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from static_keras.index.tfrecord import read_records
+
 WARMUP_FILENAME = "tf_serving_warmup_requests"
 MAX_WARMUP_RECORDS = 1000  # TF Serving reads at most this many
 
@@ -60,29 +62,15 @@ def write_warmup_requests(
 def read_warmup_requests(path: str) -> list:
     """The PredictRequests of a warmup file (for tests and the dev server).
 
-    Read as TFRecord framing directly: `tf.data.TFRecordDataset` logs a
-    buffer-size note on every read, whatever it is given."""
+    Read without `tf.data` (`TFRecordDataset` logs a buffer-size note on
+    every read, whatever it is given); framing and CRCs are checked."""
     from tensorflow_serving.apis import prediction_log_pb2
 
     requests = []
-    for record in _tfrecords(path):
-        if len(requests) == MAX_WARMUP_RECORDS:
-            break
-        log = prediction_log_pb2.PredictionLog.FromString(record)
-        requests.append(log.predict_log.request)
-    return requests
-
-
-def _tfrecords(path: str):
-    """The records of a TFRecord file: each is a little-endian uint64 length,
-    its 4-byte CRC, the data and the data's 4-byte CRC (CRCs not checked:
-    a damaged record fails to parse as a PredictionLog)."""
     with open(path, "rb") as file:
-        while header := file.read(12):
-            if len(header) < 12:
-                raise ValueError(f"{path}: truncated TFRecord header")
-            length = int.from_bytes(header[:8], "little")
-            data = file.read(length)
-            if len(data) < length or len(file.read(4)) < 4:
-                raise ValueError(f"{path}: truncated TFRecord of {length} bytes")
-            yield data
+        for record in read_records(file, path):
+            if len(requests) == MAX_WARMUP_RECORDS:
+                break
+            log = prediction_log_pb2.PredictionLog.FromString(record)
+            requests.append(log.predict_log.request)
+    return requests

@@ -182,3 +182,23 @@ def test_signature_checks_embedded_ids(small_model, tmp_path):
         export_saved_model(model, tmp_path / "x", input_ranges={"query": (0, 5)})
     with pytest.raises(ValueError, match="must be integers low < high"):
         export_saved_model(model, tmp_path / "y", input_ranges={"history": (5, 5)})
+
+
+def test_warmup_reader_refuses_a_damaged_file(tmp_path):
+    # Read without tf.data (which logs a note per read): framing and CRCs checked.
+    import tensorflow as tf
+
+    from static_keras.export.warmup import read_warmup_requests
+
+    path = str(tmp_path / "warmup")
+    with tf.io.TFRecordWriter(path) as writer:
+        writer.write(b"\x0a\x00")  # an empty PredictionLog with an empty predict_log
+    assert len(read_warmup_requests(path)) == 1
+    warmup = tmp_path / "warmup"
+    data = warmup.read_bytes()
+    warmup.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(ValueError, match="warmup: TFRecord data checksum mismatch"):
+        read_warmup_requests(path)
+    warmup.write_bytes(data[:-3])
+    with pytest.raises(ValueError, match="warmup: the TFRecord file is truncated"):
+        read_warmup_requests(path)

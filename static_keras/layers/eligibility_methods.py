@@ -45,14 +45,7 @@ class EligibilityMethods:
         read of the weights (a copy of every item id)."""
         fingerprint = ""
         if isinstance(eligibility_sets, EligibilitySets):
-            fingerprint = (
-                self.catalogue_fingerprint()
-                if index is None
-                else catalogue_fingerprint(
-                    index.arrays[self.layout.member_ids_array] if self.has_item_ids else None,
-                    self.layout.num_members,
-                )
-            )
+            fingerprint = self.catalogue_fingerprint(index)
         part = self.dense_eligibility
         derived = (lambda sets: {}) if part is None else part.mask_arrays
         self.eligibility_filter.assign(
@@ -77,10 +70,16 @@ class EligibilityMethods:
         ids = self.member_item_ids() if self.has_item_ids else None
         return MemberCatalogue(ids, self.layout.num_members)
 
-    def catalogue_fingerprint(self) -> str:
+    def catalogue_fingerprint(self, index=None) -> str:
         """The fingerprint of this index's member -> item id map: eligibility
-        sets over another one are refused (`EligibilitySets.require_catalogue`)."""
-        ids = self.member_item_ids() if self.has_item_ids else None
+        sets over another one are refused (`EligibilitySets.require_catalogue`).
+        `index`: the index the layer holds, whose host arrays give the item
+        ids without reading them back from the weights."""
+        ids = None
+        if self.has_item_ids and index is not None:
+            ids = index.arrays[self.layout.member_ids_array]
+        elif self.has_item_ids:
+            ids = self.member_item_ids()
         return catalogue_fingerprint(ids, self.layout.num_members)
 
     def eligibility_sets(self) -> EligibilitySets:

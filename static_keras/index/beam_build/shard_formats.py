@@ -112,7 +112,7 @@ def _tfrecord(spec: ShardSpec, path: str, file):
     from google.protobuf.message import DecodeError
 
     from static_keras.index.beam_build.tfrecord import example_class
-    from static_keras.index.beam_build.tfrecord import read_records
+    from static_keras.index.tfrecord import read_records
 
     example = example_class()
     name = spec.sequence_field or "semantic_id"

@@ -1,10 +1,5 @@
-"""TFRecord framing and `tf.train.Example` parsing without TensorFlow.
-
-A TFRecord file is a sequence of records, each `uint64 length`, `uint32
-masked CRC-32C of the length`, `length` bytes of data, `uint32 masked
-CRC-32C of the data` (all little-endian). The CRCs are checked when a
-CRC-32C implementation is installed (`google-crc32c` or `crcmod`, which the
-`apache-beam[gcp]` extra brings); without one only the framing is checked.
+"""`tf.train.Example` parsing without TensorFlow (the framing, with its CRCs
+checked, is `static_keras.index.tfrecord`).
 
 `example_class()` returns a message class for `tensorflow.Example` built from
 the proto definition at run time in a private descriptor pool: protobuf (a
@@ -14,59 +9,6 @@ dependency of Beam) parses it, and TensorFlow is never imported.
 from __future__ import annotations
 
 import functools
-import struct
-
-_MASK_DELTA = 0xA282EAD8
-
-
-@functools.cache
-def _crc32c():
-    """A CRC-32C function of bytes, or None when no implementation is installed."""
-    try:
-        import google_crc32c
-
-        return google_crc32c.value
-    except ImportError:
-        pass
-    try:
-        import crcmod.predefined
-
-        return crcmod.predefined.mkPredefinedCrcFun("crc-32c")
-    except ImportError:
-        return None
-
-
-def _masked_crc(data: bytes, crc) -> int:
-    value = crc(data)
-    return (((value >> 15) | (value << 17)) + _MASK_DELTA) & 0xFFFFFFFF
-
-
-def read_records(file, path: str):
-    """Yields the data of each record of an open TFRecord `file`.
-
-    Raises:
-        ValueError: naming `path` and the record when the file is truncated
-            or a CRC does not match.
-    """
-    crc = _crc32c()
-    row = 0
-    while True:
-        header = file.read(12)
-        if not header:
-            return
-        if len(header) < 12:
-            raise ValueError(f"{path}: the TFRecord file is truncated (row {row})")
-        (length,) = struct.unpack("<Q", header[:8])
-        if crc and _masked_crc(header[:8], crc) != struct.unpack("<I", header[8:])[0]:
-            raise ValueError(f"{path}: TFRecord length checksum mismatch (row {row})")
-        data = file.read(length)
-        footer = file.read(4)
-        if len(data) < length or len(footer) < 4:
-            raise ValueError(f"{path}: the TFRecord file is truncated (row {row})")
-        if crc and _masked_crc(data, crc) != struct.unpack("<I", footer)[0]:
-            raise ValueError(f"{path}: TFRecord data checksum mismatch (row {row})")
-        yield data
-        row += 1
 
 
 @functools.cache
