@@ -302,3 +302,8 @@ def test_a_layer_built_from_an_index_holds_what_set_index_assigns(make):
         == loaded.catalogue_fingerprint()
         == sets.catalogue.fingerprint
     )
+    assert built.catalogue_fingerprint(index) == sets.catalogue.fingerprint
+    other = semantic_index(1, seed=5, n=30) if isinstance(index, StaticIndex) else string_index()
+    if other.layout != index.layout:  # an object from another index is refused
+        with pytest.raises(ValueError, match="`index` must be the index this layer holds"):
+            built.catalogue_fingerprint(other)

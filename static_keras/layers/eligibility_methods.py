@@ -75,6 +75,11 @@ class EligibilityMethods:
         sets over another one are refused (`EligibilitySets.require_catalogue`).
         `index`: the index the layer holds, whose host arrays give the item
         ids without reading them back from the weights."""
+        if index is not None and index.layout != self.layout:
+            raise ValueError(
+                "`index` must be the index this layer holds; its layout differs: "
+                f"{index.layout.to_config()} vs {self.layout.to_config()}"
+            )
         ids = None
         if self.has_item_ids and index is not None:
             ids = index.arrays[self.layout.member_ids_array]
