@@ -51,7 +51,7 @@ def eligible_search(model):
 
 def exclusion_tables(constraint) -> dict[str, tf.Variable]:
     """Sorted item ids and their members, as variables (never graph constants)."""
-    ids, members = constraint.catalogue()._ascending()
+    ids, members = constraint.catalogue().exclusion_table()
     return {
         TABLE_IDS: tf.Variable(ids, trainable=False, name=TABLE_IDS),
         TABLE_MEMBERS: tf.Variable(members.astype(np.int32), trainable=False, name=TABLE_MEMBERS),

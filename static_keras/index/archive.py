@@ -80,7 +80,7 @@ def metadata(kind: str, layout, device_arrays: dict[str, np.ndarray], **extra) -
         "device_checksum": device,
     }
     if kind in _LEGACY_COUNT:
-        document[_LEGACY_COUNT[kind]] = layout.num_members
+        document[_LEGACY_COUNT[kind]] = getattr(layout, _LEGACY_COUNT[kind])
     document.update(extra)
     return document
 

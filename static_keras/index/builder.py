@@ -157,6 +157,20 @@ def build_arrays(
         seqs, vocab_size, item_ids, on_duplicate_item, progress=report
     )
     del seqs
+    return arrays_from_sorted(
+        sorted_cols, lcp, leaf_item_ids, vocab_size, dense_levels, dense_budget_bytes, report
+    )
+
+
+def arrays_from_sorted(
+    sorted_cols, lcp, leaf_item_ids, vocab_size: int, dense_levels, dense_budget_bytes: int,
+    progress=None,
+) -> tuple[IndexLayout, dict[str, np.ndarray]]:
+    """The layout and arrays of the sorted distinct rows `sorted_cols` (one
+    array per position) with their `lcp` (`sort_unique`): the build after
+    its sort, which a catalogue delta reuses (`catalogue_delta`)."""
+    report = progress or (lambda stage, fraction: None)
+    length = len(sorted_cols)
     level_sizes = count_levels(lcp, length)
     d = resolve_dense_levels(dense_levels, vocab_size, level_sizes, dense_budget_bytes)
 

@@ -119,9 +119,12 @@ def dense_member_codes(layout, boundaries) -> np.ndarray:
     start = dense_boundary_offsets(layout)[d]
     first = np.asarray(boundaries[start : start + vocab**d + 1], np.int64)
     codes = np.repeat(np.arange(vocab**d, dtype=np.int32), np.diff(first))
-    if codes.size != layout.num_members:
+    if codes.size != layout.num_sequences:
         raise ValueError(
             f"The dense boundary table covers {codes.size} members, the index has "
-            f"{layout.num_members}"
+            f"{layout.num_sequences}"
         )
+    # Member slots of a layout with headroom hold no item: no request
+    # excludes them (ids < 0 name nothing), so their code is never read.
+    codes = np.pad(codes, (0, layout.num_members - codes.size))
     return codes if codes.size else np.zeros(1, np.int32)

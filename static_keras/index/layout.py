@@ -52,6 +52,12 @@ class IndexLayout:
             number of distinct sequences).
         step_widths: `L` ints, B_t, the largest fan-out of a state at depth t.
         has_item_ids: whether leaves map to catalogue item ids.
+        used_level_sizes: None, or `L + 1` ints: the prefixes of each length
+            the index holds when it was laid out with headroom
+            (`static_keras.index.headroom`). Then `level_sizes` and
+            `step_widths` are capacities: the arrays are that large, the
+            slots past the used ones are unreachable padding, and a new
+            catalogue within them is new array values for the same graph.
     """
 
     vocab_size: int
@@ -60,6 +66,7 @@ class IndexLayout:
     level_sizes: tuple[int, ...]
     step_widths: tuple[int, ...]
     has_item_ids: bool
+    used_level_sizes: tuple[int, ...] | None = None
 
     #: Fixed-length sequences: no end-of-sequence token.
     eos_token_id = None
@@ -71,6 +78,8 @@ class IndexLayout:
         for name in ("vocab_size", "length", "dense_levels"):
             fields[name] = int(fields[name])
         fields["has_item_ids"] = bool(fields["has_item_ids"])
+        if fields.get("used_level_sizes") is not None:
+            fields["used_level_sizes"] = tuple(int(x) for x in fields["used_level_sizes"])
         layout = cls(**fields)
         layout.check()
         return layout
@@ -88,6 +97,13 @@ class IndexLayout:
             problems.append("step_widths must have one entry per step")
         elif any(not 1 <= w <= self.vocab_size for w in self.step_widths):
             problems.append("step_widths must lie in [1, vocab_size]")
+        used = self.used_level_sizes
+        if used is not None and (
+            len(used) != len(self.level_sizes)
+            or any(not 0 <= u <= c for u, c in zip(used, self.level_sizes))
+            or used[:1] != (1,)
+        ):
+            problems.append("used_level_sizes must have length + 1 entries within level_sizes")
         if problems:
             raise ValueError("Inconsistent index layout: " + "; ".join(problems))
 
@@ -107,6 +123,8 @@ class IndexLayout:
             "level_sizes": list(self.level_sizes),
             "step_widths": list(self.step_widths),
             "has_item_ids": self.has_item_ids,
+            **({} if self.used_level_sizes is None else
+               {"used_level_sizes": list(self.used_level_sizes)}),  # fmt: skip
         }
 
     @classmethod
@@ -117,11 +135,28 @@ class IndexLayout:
 
     @property
     def num_sequences(self) -> int:
-        return self.level_sizes[-1]
+        """Distinct sequences held (the used leaves)."""
+        return self.filled_level_sizes[-1]
 
     @property
     def num_members(self) -> int:
+        """Member slots: the leaves the arrays hold, used or not (what
+        eligibility bits and item-id tables are sized by)."""
         return self.level_sizes[-1]
+
+    @property
+    def filled_level_sizes(self) -> tuple[int, ...]:
+        """Prefixes of each length the index holds (`level_sizes` without headroom)."""
+        return self.level_sizes if self.used_level_sizes is None else self.used_level_sizes
+
+    @property
+    def has_headroom(self) -> bool:
+        return self.used_level_sizes is not None
+
+    def graph_shape(self) -> "IndexLayout":
+        """The layout without its used sizes: what a decoding graph is traced
+        from. Two indexes with equal graph shapes fit the same graph."""
+        return dataclasses.replace(self, used_level_sizes=None)
 
     @property
     def num_states(self) -> int:
@@ -230,5 +265,5 @@ class IndexLayout:
             "indptr": ((max(1, self.num_indptr),), self.indptr_dtype),
         }
         if self.has_item_ids:
-            shapes["leaf_item_ids"] = ((self.num_sequences,), np.dtype(np.int64))
+            shapes["leaf_item_ids"] = ((self.num_members,), np.dtype(np.int64))
         return shapes

@@ -68,14 +68,16 @@ class MemberCatalogue:
             return
         self._ids = ids
         largest = int(ids.max()) if ids.size else -1
-        if ids.size and ids.min() >= 0 and largest < _DIRECT_TABLE_SLACK * ids.size + 2**16:
+        if ids.size and ids.min() >= -1 and largest < _DIRECT_TABLE_SLACK * ids.size + 2**16:
+            held = np.flatnonzero(ids >= 0)  # -1: a member slot with no item (headroom)
             table = np.full(largest + 1, -1, np.int32 if ids.size < 2**31 else np.int64)
-            table[ids] = np.arange(ids.size, dtype=table.dtype)
-            if np.count_nonzero(table >= 0) == ids.size:  # distinct ids
+            table[ids[held]] = held
+            if np.count_nonzero(table >= 0) == held.size:  # distinct ids
                 self._table = table
                 return
         self._sorted_ids, self._sorted_members = _sorted_with_members(ids)
-        self._distinct = not np.any(self._sorted_ids[1:] == self._sorted_ids[:-1])
+        items = self._sorted_ids[self._first_item() :]
+        self._distinct = not np.any(items[1:] == items[:-1])
 
     @classmethod
     def from_sorted(
@@ -105,7 +107,8 @@ class MemberCatalogue:
         catalogue._distinct = True
         if not catalogue._identity:
             catalogue._sorted_ids, catalogue._sorted_members = sorted_ids, sorted_members
-            catalogue._distinct = not np.any(sorted_ids[1:] == sorted_ids[:-1])
+            items = sorted_ids[catalogue._first_item() :]
+            catalogue._distinct = not np.any(items[1:] == items[:-1])
         return catalogue
 
     @classmethod
@@ -193,14 +196,34 @@ class MemberCatalogue:
         return members[query], theirs
 
     def _ascending(self) -> tuple[np.ndarray, np.ndarray]:
-        """`(item ids ascending, member of each)`."""
+        """`(item ids ascending, member of each)`, members with no item left out."""
         if self._identity:
             every = np.arange(self.num_members, dtype=np.int64)
             return every, every
         if self._table is not None:
             ids = np.flatnonzero(self._table >= 0)
             return ids, self._table[ids].astype(np.int64)
-        return self._sorted_ids, self._sorted_members
+        first = self._first_item()
+        return self._sorted_ids[first:], self._sorted_members[first:]
+
+    def exclusion_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """`(ids, members)` int64 `[num_members]`: every member's item id,
+        ascending, and the member of each; the members with no item (-1,
+        the slots of an index with headroom) first. What a served model
+        searches for a request's exclusions: its size is fixed by the
+        layout, so a new catalogue within it is new values, not a new graph."""
+        ids, members = self._ascending()
+        empty = self.num_members - ids.size
+        if empty:
+            held = np.zeros(self.num_members, bool)
+            held[members] = True
+            ids = np.concatenate([np.full(empty, -1, np.int64), ids])
+            members = np.concatenate([np.flatnonzero(~held), members])
+        return ids, members
+
+    def _first_item(self) -> int:
+        """Position of the first sorted id that names an item (ids >= 0)."""
+        return int(np.searchsorted(self._sorted_ids, 0, side="left"))
 
     def _lookup_ascending(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`lookup` of ids known to be ascending (no sort)."""
@@ -209,7 +232,12 @@ class MemberCatalogue:
         return self._sorted_lookup(ids)
 
     def _sorted_lookup(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """`lookup` of ascending `ids` over the sorted catalogue."""
+        """`lookup` of ascending `ids` over the sorted catalogue (negative
+        ids name nothing: -1 marks the members with no item)."""
+        skipped = int(np.searchsorted(ids, 0, side="left"))
+        if skipped:
+            query, member = self._sorted_lookup(ids[skipped:])
+            return query + skipped, member
         last = self._sorted_ids.size - 1
         left = np.searchsorted(self._sorted_ids, ids, side="left")
         if self._distinct:

@@ -9,6 +9,8 @@ from static_keras.index import tree_walk
 from static_keras.index.automaton import TokenAutomaton
 from static_keras.index.builder import DEFAULT_DENSE_BUDGET_BYTES
 from static_keras.index.builder import build_arrays
+from static_keras.index.headroom import check_headroom
+from static_keras.index.headroom import with_headroom
 from static_keras.index.layout import IndexLayout
 
 
@@ -59,6 +61,7 @@ class StaticIndex(TokenAutomaton):
         dense_levels: int | str = "auto",
         on_duplicate_item: str = "error",
         dense_budget_bytes: int = DEFAULT_DENSE_BUDGET_BYTES,
+        headroom: float = 0.0,
         progress=None,
     ) -> "StaticIndex":
         """Compiles the valid set `sequences` into an index.
@@ -79,12 +82,21 @@ class StaticIndex(TokenAutomaton):
                 `"error"`.
             dense_budget_bytes: int. Memory cap of the `"auto"` rule.
                 Defaults to 64 MiB.
+            headroom: float >= 0. Capacities above the catalogue: each level
+                holds `ceil(n * (1 + headroom))` slots and each step's width
+                cap is `B_t + ceil(headroom * B_t)` (at least 2 past the
+                dense head), so that a new catalogue within them is new
+                tensor values for the same graph (`apply_delta`, the
+                `update-catalogue` job). Answers are exactly those without
+                headroom. Defaults to 0 (the exact layout; docs/serving.md
+                gives the cost of 0.1).
             progress: optional callable `(stage: str, fraction: float)`,
                 called as the build advances (the CLI draws a bar with it).
 
         Raises:
             ValueError: naming the problem with the input.
         """
+        check_headroom(headroom)  # before the work
         layout, arrays = build_arrays(
             sequences,
             vocab_size,
@@ -94,7 +106,7 @@ class StaticIndex(TokenAutomaton):
             dense_budget_bytes=dense_budget_bytes,
             progress=progress,
         )
-        return cls(layout, arrays)
+        return cls(*with_headroom(layout, arrays, headroom))
 
     # Properties --------------------------------------------------------------
 
@@ -108,7 +120,8 @@ class StaticIndex(TokenAutomaton):
             f"StaticIndex(num_sequences={self.num_sequences}, "
             f"vocab_size={self.vocab_size}, length={self.length}, "
             f"dense_levels={self.dense_levels}, step_widths={self.step_widths}, "
-            f"nbytes={self.nbytes})"
+            + (f"capacity={self.num_members}, " if self.layout.has_headroom else "")
+            + f"nbytes={self.nbytes})"
         )
 
     # Queries (host side, vectorised) ----------------------------------------

@@ -128,12 +128,13 @@ class AutomatonConstraint(keras.layers.Layer, EligibilityMethods, DecodingConstr
             raise ValueError(
                 f"`index` must be a {self.index_class.__name__}. Received: {type(index).__name__}"
             )
-        if index.layout != self.layout:
+        if _graph_shape(index.layout) != _graph_shape(self.layout):
             raise ValueError(
                 "The index does not match this layer: index layout "
                 f"{index.layout.to_config()} vs layer layout {self.layout.to_config()}"
             )
         arrays, derived, member_ranges = self._weight_arrays(index)
+        self.layout = index.layout  # used sizes of a layout with headroom
         index_weights.assign_arrays(self.index_weights, arrays)
         index_weights.assign_arrays(self.derived_index_weights, derived)
         index_weights.assign_arrays(self.member_range_weights, member_ranges)
@@ -301,3 +302,10 @@ class AutomatonConstraint(keras.layers.Layer, EligibilityMethods, DecodingConstr
         """The kind's parts, made once from `self.layout` before any weight
         exists (they read the weight groups, which `build()` fills)."""
         raise NotImplementedError
+
+
+def _graph_shape(layout):
+    """What a layer's graph is traced from (a layout with headroom takes any
+    catalogue within its capacities)."""
+    shape = getattr(layout, "graph_shape", None)
+    return layout if shape is None else shape()

@@ -54,7 +54,9 @@ class ConstrainedDecoding(AutomatonConstraint):
             arguments below must be given and the weights are loaded later
             (this is how `from_config` rebuilds the layer).
         vocab_size, length, dense_levels, level_sizes, step_widths,
-        has_item_ids: the index layout (see `IndexLayout`). Taken from
+        has_item_ids, used_level_sizes: the index layout (see
+            `IndexLayout`; `used_level_sizes` only for an index laid out
+            with headroom). Taken from
             `index` when it is given; if given too they must match it.
         eligibility: `EligibilitySets` or None. Sets a request can be
             restricted to (`candidates(..., eligibility=...)`); refresh them
@@ -121,6 +123,7 @@ class ConstrainedDecoding(AutomatonConstraint):
         level_sizes: list[int] | None = None,
         step_widths: list[int] | None = None,
         has_item_ids: bool | None = None,
+        used_level_sizes: list[int] | None = None,
         eligibility_windows: list[int] | None = None,
         **kwargs,
     ):
@@ -143,6 +146,8 @@ class ConstrainedDecoding(AutomatonConstraint):
             "step_widths": step_widths,
             "has_item_ids": has_item_ids,
         }
+        if used_level_sizes is not None:  # a layout with headroom
+            layout_fields["used_level_sizes"] = used_level_sizes
         super().__init__(index, layout_fields=layout_fields, **kwargs)
 
     def _make_parts(self) -> ConstraintParts:
