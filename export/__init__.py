@@ -3,10 +3,14 @@
 Depends on TensorFlow (and `tensorflow-serving-api` for warmup records); the
 core package never imports it. The names that need TensorFlow or Keras load
 on first use (PEP 562): publishing bookkeeping and an eligibility refresh
-(`refresh_eligibility`, `read_eligibility`, `read_metadata`,
-`list_versions`, `newest_good_version`) run without importing either.
+and a catalogue delta (`refresh_eligibility`, `read_eligibility`,
+`update_catalogue`, `read_served_index`, `read_metadata`, `list_versions`,
+`newest_good_version`) run without importing either.
 """
 
+from static_keras.export.catalogue_update import CatalogueUpdateInfo
+from static_keras.export.catalogue_update import read_served_index
+from static_keras.export.catalogue_update import update_catalogue
 from static_keras.export.check import CheckReport
 from static_keras.export.check import SavedModelCheckError
 from static_keras.export.check import check_saved_model
@@ -31,6 +35,7 @@ _LAZY = {
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY)
 __all__ = [
+    "CatalogueUpdateInfo",
     "CheckReport",
     "ELIGIBLE_SIGNATURE",
     "EligibilityRefreshInfo",
@@ -45,6 +50,8 @@ __all__ = [
     "publish",
     "read_eligibility",
     "read_metadata",
+    "read_served_index",
     "refresh_eligibility",
     "replace_index",
+    "update_catalogue",
 ]

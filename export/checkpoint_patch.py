@@ -124,6 +124,12 @@ _DTYPES = {
 }  # fmt: skip
 
 
+def numpy_dtype(key: str, dtype_number: int) -> np.dtype:
+    """The NumPy dtype of a tensor of TensorFlow DataType `dtype_number`
+    (as `tensor_specs` gives it); ValueError for a non-numeric one."""
+    return _numpy_dtype(key, {"dtype": dtype_number, "slices": None})
+
+
 def _numpy_dtype(key: str, entry: dict) -> np.dtype:
     dtype = _DTYPES.get(entry["dtype"])
     if dtype is None or entry["slices"]:

@@ -57,3 +57,28 @@ def read_metadata(saved_model_dir: str | os.PathLike) -> dict:
         raise FileNotFoundError(f"No static-keras metadata at {path!r}")
     with open(path) as file:
         return json.load(file)
+
+
+def catalogue_update_metadata(model, variable_keys) -> dict | None:
+    """What `update_catalogue` needs to write a new catalogue into an
+    exported version: the checkpoint key of every weight the semantic-ID
+    constraint derives from its index (`variable_keys`: by `id` of each
+    variable), and its eligibility windows. None unless exactly one
+    constraint's index has headroom (an exact layout takes no other
+    catalogue without a new graph)."""
+    from static_keras.export.model_layers import constraints
+
+    roomy = [c for c in constraints(model) if getattr(c.layout, "has_headroom", False)]
+    if len(roomy) != 1:
+        return None
+    (layer,) = roomy
+    groups = (layer.index_weights, layer.derived_index_weights, layer.member_range_weights)
+    return {
+        "layer": layer.path,
+        "eligibility_windows": list(getattr(layer, "eligibility_windows", ())),
+        "variables": {
+            name: variable_keys[id(weight.value)]
+            for group in groups
+            for name, weight in group.items()
+        },
+    }

@@ -17,6 +17,7 @@ from static_keras.export import eligibility as eligible
 from static_keras.export import eligibility_refresh
 from static_keras.export.leftovers import temporary_prefix
 from static_keras.export.metadata import METADATA_FILENAME
+from static_keras.export.metadata import catalogue_update_metadata
 from static_keras.export.metadata import model_metadata
 from static_keras.export.warmup import WARMUP_FILENAME
 from static_keras.export.warmup import write_warmup_requests
@@ -273,8 +274,11 @@ def export_saved_model(
             "outputs": list(output_names),
         }
     )
+    keys = {id(variable): key for key, variable in module.model_variables.items()}
+    update = catalogue_update_metadata(model, keys)
+    if update is not None:
+        metadata["catalogue_update"] = update
     if eligible_search is not None:
-        keys = {id(variable): key for key, variable in module.model_variables.items()}
         metadata["eligibility_sets"] = list(eligible_search.constraint.eligibility_names or ())
         metadata["eligibility"] = eligible.signature_metadata(eligible_search, keys)
     if extra_metadata:

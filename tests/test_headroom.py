@@ -49,7 +49,9 @@ def test_host_queries_are_the_exact_indexs(dense_levels, room):
     assert roomy.num_members >= exact.num_members
     np.testing.assert_array_equal(roomy.sequences(), exact.sequences())
     sequences = exact.sequences()
-    np.testing.assert_array_equal(roomy.lookup_item_ids(sequences), exact.lookup_item_ids(sequences))
+    np.testing.assert_array_equal(
+        roomy.lookup_item_ids(sequences), exact.lookup_item_ids(sequences)
+    )
     for t in range(LENGTH + 1):
         prefixes = np.unique(sequences[:, :t], axis=0)
         a, b = exact.walk(prefixes), roomy.walk(prefixes)

@@ -1,4 +1,4 @@
-"""`demo`, `export`, `publish` and `refresh-eligibility`: a model with its
+"""`demo`, `export`, `publish`, `refresh-eligibility` and `update-catalogue`: a model with its
 index, as a SavedModel and as a served version."""
 
 from __future__ import annotations
@@ -205,6 +205,64 @@ def command_refresh_eligibility(args) -> None:
         f"{sizes} members) at {info.path} in {info.seconds:.2f} s{removed}"
         f"{_rebased(info.rebased_onto)}"
     )
+
+
+def command_update_catalogue(args) -> None:
+    from static_keras.export import update_catalogue
+
+    if not (args.add or args.remove):
+        raise UserError("update-catalogue needs --add, --remove or both")
+    sequences = item_ids = removed = None
+    if args.add:
+        sequences, item_ids = _added_items(args.add, args.add_item_ids)
+    if args.remove:
+        removed = load_array(args.remove, "item_id").reshape(-1)
+    joined = {}
+    for spec in args.add_to_set or ():
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise UserError(f"--add-to-set must be NAME=FILE (item ids); got {spec!r}")
+        joined[name] = load_array(path, "item_id").reshape(-1)
+    with _publishing("the catalogue update"):
+        info = update_catalogue(
+            args.model_base_path,
+            add_sequences=sequences,
+            add_item_ids=item_ids,
+            remove_item_ids=removed,
+            add_to_sets=joined or None,
+            on_duplicate_item=args.on_duplicate_item,
+            source_version=args.source_version,
+            version=args.version,
+            keep=args.keep,
+        )
+    removed_versions = f", removed {list(info.removed_versions)}" if info.removed_versions else ""
+    print(
+        f"published version {info.version} (version {info.source_version} with {info.added:,} "
+        f"items added, {info.removed:,} removed: {info.num_items:,} items) at {info.path} in "
+        f"{info.seconds:.2f} s{removed_versions}{_rebased(info.rebased_onto)}"
+    )
+
+
+def _added_items(path: str, ids_path: str | None):
+    """`(semantic ids [k, L], item ids [k])` of an --add file: .npz with
+    `semantic_ids` and `item_ids`, .parquet with an `item_id` column and one
+    column per token, or .npy/.csv semantic ids with --add-item-ids."""
+    import numpy as np
+
+    if path.endswith(".npz"):
+        if not os.path.isfile(path):
+            raise UserError(f"no such file: {path}")
+        with np.load(path, allow_pickle=False) as data:
+            missing = {"semantic_ids", "item_ids"} - set(data.files)
+            if missing:
+                raise UserError(f"{path}: no array {sorted(missing)[0]!r} (has {data.files})")
+            return data["semantic_ids"], data["item_ids"]
+    sequences = load_array(path)
+    if path.endswith(".parquet"):
+        return sequences, load_array(path, "item_id").reshape(-1)
+    if not ids_path:
+        raise UserError("--add with .npy/.csv semantic ids needs --add-item-ids FILE")
+    return sequences, load_array(ids_path).reshape(-1)
 
 
 def _rebased(versions) -> str:

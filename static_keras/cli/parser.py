@@ -284,6 +284,45 @@ def build_parser() -> argparse.ArgumentParser:
     refresh.add_argument("--keep", type=int, default=3, help="good versions to keep (default 3)")
     refresh.set_defaults(run=model_commands.command_refresh_eligibility)
 
+    update = _command(
+        commands,
+        "update-catalogue",
+        help="publish a catalogue delta (items added/removed) without a new graph",
+        description="""
+            Publish a new version whose catalogue is the served one's with items removed and
+            added: the newest version (or --source-version) is read, the delta merged into
+            its index (no full sort), the eligibility sets carried over by item id, and only
+            the index and set tensors are written; the graph and warmup records are copied,
+            and the copy is published as publish does. NumPy only: seconds at 2e7 items.
+            The version's index must have headroom (StaticIndex.build(..., headroom=0.1));
+            a delta beyond it is refused before anything is written.
+        """,
+        example="""
+            static-keras update-catalogue --model-base-path models/recs \\
+                --add added.parquet --remove removed.npy --add-to-set in_stock=fresh.npy
+        """,
+    )
+    update.add_argument("--model-base-path", required=True, help="directory TF Serving polls")
+    update.add_argument(
+        "--add", metavar="FILE",
+        help="items added: .npz (semantic_ids, item_ids), .parquet (item_id + one column per "
+             "token), or .npy/.csv semantic ids with --add-item-ids",
+    )  # fmt: skip
+    update.add_argument("--add-item-ids", metavar="FILE", help="item ids of .npy/.csv --add rows")
+    update.add_argument("--remove", metavar="FILE", help="item ids removed (.npy/.csv/.parquet)")
+    update.add_argument(
+        "--add-to-set", action="append", metavar="NAME=FILE",
+        help="added items that join set NAME (others join no set); repeatable",
+    )  # fmt: skip
+    update.add_argument(
+        "--on-duplicate-item", choices=("error", "first", "last"), default="error",
+        help="an added semantic ID that an item already has (default: error)",
+    )  # fmt: skip
+    update.add_argument("--source-version", type=int, help="version to change (default: newest)")
+    update.add_argument("--version", type=int, help="version number (default: newest + 1)")
+    update.add_argument("--keep", type=int, default=3, help="good versions to keep (default 3)")
+    update.set_defaults(run=model_commands.command_update_catalogue)
+
     serve = _command(
         commands,
         "serve-dev",

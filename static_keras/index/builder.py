@@ -163,7 +163,12 @@ def build_arrays(
 
 
 def arrays_from_sorted(
-    sorted_cols, lcp, leaf_item_ids, vocab_size: int, dense_levels, dense_budget_bytes: int,
+    sorted_cols,
+    lcp,
+    leaf_item_ids,
+    vocab_size: int,
+    dense_levels,
+    dense_budget_bytes: int,
     progress=None,
 ) -> tuple[IndexLayout, dict[str, np.ndarray]]:
     """The layout and arrays of the sorted distinct rows `sorted_cols` (one

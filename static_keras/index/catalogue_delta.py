@@ -283,7 +283,9 @@ def _item_ids(values, name: str) -> np.ndarray:
                          f"shape {array.shape}, dtype {array.dtype}")  # fmt: skip
     array = array.astype(np.int64)
     if array.min() < 0:
-        raise ValueError(f"`{name}` must be non-negative item ids. Received {_first(array[array < 0])}")
+        raise ValueError(
+            f"`{name}` must be non-negative item ids. Received {_first(array[array < 0])}"
+        )
     return array
 
 

@@ -29,7 +29,6 @@ import numpy as np
 from static_keras.index.layout import IndexLayout
 
 
-
 class CapacityError(ValueError):
     """A catalogue does not fit the capacities of a layout with headroom."""
 

@@ -123,8 +123,11 @@ class IndexLayout:
             "level_sizes": list(self.level_sizes),
             "step_widths": list(self.step_widths),
             "has_item_ids": self.has_item_ids,
-            **({} if self.used_level_sizes is None else
-               {"used_level_sizes": list(self.used_level_sizes)}),  # fmt: skip
+            **(
+                {}
+                if self.used_level_sizes is None
+                else {"used_level_sizes": list(self.used_level_sizes)}
+            ),  # fmt: skip
         }
 
     @classmethod

@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
+from static_keras.index.dense_fields import host_compress_moves  # noqa: F401 (host side)
+from static_keras.index.dense_fields import segment_masks  # noqa: F401 (host side)
 from static_keras.layers import gather
 
 _LOW31 = 0x7FFFFFFF
@@ -91,22 +93,6 @@ def compress_moves(m):
     return moves
 
 
-def host_compress_moves(m):
-    """NumPy `compress_moves`: uint32/int32 words `[...]` to int32 `[..., 5]`."""
-    m = np.asarray(m).view(np.uint32)
-    mk = ~m << np.uint32(1)
-    moves = []
-    for i in range(5):
-        mp = mk ^ (mk << np.uint32(1))
-        for k in (2, 4, 8, 16):
-            mp = mp ^ (mp << np.uint32(k))
-        mv = mp & m
-        moves.append(mv)
-        m = (m ^ mv) | (mv >> np.uint32(1 << i))
-        mk = mk & ~mp
-    return np.stack(moves, axis=-1).view(np.int32)
-
-
 def compress(x, m, moves=None):
     """PEXT: the bits of `x` at the set bits of `m`, packed into the low
     `popcount(m)` bits (in order); the rest zero. Shapes broadcast.
@@ -136,36 +122,6 @@ def _moves(m, moves):
     if isinstance(moves, (list, tuple)):
         return list(moves)
     return [moves[..., i] for i in range(5)]
-
-
-def segment_masks(starts):
-    """NumPy int32 `[..., 7, W]`: what `segment_any` needs of fixed start
-    bits `starts` (uint32/int32 `[..., W]`, a row of W words as one bit
-    string):
-
-    - plane 0: each word's bits before its first start (all without one);
-    - planes 1-5: the in-word scan's masks, round k = 1, 2, 4, 8, 16: bit i
-      set when no start lies in `(i, i + k]` of the word;
-    - plane 6: for each word w, the first later word with a start (the last
-      word if none): where the segment open at the end of w stops.
-    """
-    starts = np.asarray(starts).view(np.uint32)
-    width = starts.shape[-1]
-    out = np.zeros(starts.shape[:-1] + (7, width), np.uint32)
-    opened = starts.copy()
-    for k in (1, 2, 4, 8, 16):
-        opened |= opened << np.uint32(k)
-    out[..., 0, :] = ~opened
-    open_above = ~(starts >> np.uint32(1)) & np.uint32(_LOW31)
-    for i, k in enumerate((1, 2, 4, 8, 16)):
-        out[..., 1 + i, :] = open_above
-        open_above = open_above & (open_above >> np.uint32(k))
-    following = np.full(starts.shape, width - 1, np.int64)
-    for w in range(width - 2, -1, -1):  # the nearest start word after w
-        has = starts[..., w + 1] != 0
-        following[..., w] = np.where(has, w + 1, following[..., w + 1])
-    out[..., 6, :] = following.astype(np.uint32)
-    return out.view(np.int32)
 
 
 def segment_any(bits, starts, masks):

@@ -36,129 +36,21 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
-from static_keras.index import layout as host_layout
+from static_keras.index.dense_fields import CODE_FIELDS  # noqa: F401 (re-exported)
+from static_keras.index.dense_fields import MASK_FIELDS  # noqa: F401
+from static_keras.index.dense_fields import MAX_WINDOW  # noqa: F401
+from static_keras.index.dense_fields import STORED_BITS_PER_MEMBER  # noqa: F401
+from static_keras.index.dense_fields import code_fields  # noqa: F401
+from static_keras.index.dense_fields import eligibility_windows  # noqa: F401
+from static_keras.index.dense_fields import mask_fields  # noqa: F401
+from static_keras.index.dense_fields import planes_first  # noqa: F401
+from static_keras.index.dense_fields import stored_rows  # noqa: F401
+from static_keras.index.dense_fields import widest_range  # noqa: F401
 from static_keras.layers import bit_fields
 from static_keras.layers import execution_plan
 from static_keras.layers import gather
 
-#: Stored dense rows of a depth may cost at most this many bits per member
-#: per set; above it the depth is derived (the sets are 1.5 bits).
-STORED_BITS_PER_MEMBER = 0.5
-
-#: The most words of set bits one derived row reads.
-MAX_WINDOW = 256
-
-
-# Host ------------------------------------------------------------------------
-
-
-def eligibility_windows(vocab: int, dense_levels: int, num_members: int, boundaries, offsets):
-    """tuple of d ints: per dense depth t, 0 (the sets store its mask rows)
-    or the words of set bits a derived row of that depth reads.
-
-    Depth 0 (one row) is always stored; once a depth is derived, every
-    deeper one is too (its codes' ranges lie inside their parents').
-
-    Args:
-        vocab, dense_levels, num_members: V, d and N of the index.
-        boundaries: the host `dense_boundary_table`.
-        offsets: its `dense_boundary_offsets`.
-    """
-    boundaries = np.asarray(boundaries, np.int64)
-    row_bits = host_layout.dense_mask_words(vocab) * 32
-    windows = []
-    for t in range(dense_levels):
-        stored_bits = vocab**t * row_bits
-        derive = t > 0 and (windows[-1] > 0 or stored_bits > STORED_BITS_PER_MEMBER * num_members)
-        window = widest_range(boundaries[offsets[t] : offsets[t] + vocab**t + 1]) if derive else 0
-        if windows and windows[-1] == 0 and window > MAX_WINDOW:
-            window = 0
-        windows.append(int(window))
-    return tuple(windows)
-
-
-def widest_range(first_members):
-    """Words spanned by the widest non-empty range `[b[i], b[i + 1])`."""
-    lo, hi = first_members[:-1], first_members[1:]
-    some = hi > lo
-    if not some.any():
-        return 1
-    return int((((hi[some] - 1) >> 5) - (lo[some] >> 5) + 1).max())
-
-
-def stored_rows(vocab: int, windows) -> int:
-    """Mask rows a set stores: one per code of each stored depth."""
-    return sum(vocab**t for t, window in enumerate(windows) if window == 0)
-
-
-#: Planes of `code_fields` and of `mask_fields`.
-CODE_FIELDS, MASK_FIELDS = 15, 6
-
-
-def code_fields(vocab: int, num_members: int, boundaries, offsets, depth: int, window: int):
-    """int32 `[V**t, 15, window]`: what a derived row of each code p of
-    depth t reads of the index, over the `window` words from `lo(p) >> 5`:
-
-    - plane 0: the bits of the code's members, `[lo, hi)`;
-    - plane 1: its children's first members (one start bit per child);
-    - planes 2-6: the `compress` moves of plane 1;
-    - planes 7-13: its `bit_fields.segment_masks`;
-    - plane 14: the start bits before each word (where the word's piece of
-      the children string begins).
-
-    All fixed by the index, so the step only gathers them (2.3 MB at
-    V = 2048, N = 1e6, window 19).
-    """
-    boundaries = np.asarray(boundaries, np.int64)
-    codes = vocab**depth
-    lo = boundaries[offsets[depth] : offsets[depth] + codes]
-    hi = boundaries[offsets[depth] + 1 : offsets[depth] + codes + 1]
-    children = boundaries[offsets[depth + 1] : offsets[depth + 1] + vocab * codes + 1]
-    starts = children[:-1][children[1:] > children[:-1]]
-    size = (num_members // 32 + 1 + window) * 32  # room for windows past the end
-    start_bits = np.zeros(size, bool)
-    start_bits[starts] = True
-    start_words = np.packbits(start_bits, bitorder="little").view("<u4")
-    word = (lo >> 5)[:, None] + np.arange(window)  # [P, window]
-    position = word * 32
-    inside = _bits_from(lo[:, None] - position) & ~_bits_from(hi[:, None] - position)
-    opens = start_words[word] & inside
-    fields = np.zeros((codes, CODE_FIELDS, window), np.uint32)
-    fields[:, 0], fields[:, 1] = inside, opens
-    fields[:, 2:7] = np.moveaxis(bit_fields.host_compress_moves(opens).view(np.uint32), -1, 1)
-    fields[:, 7:14] = bit_fields.segment_masks(opens).view(np.uint32)
-    counts = np.bitwise_count(opens).astype(np.uint32)
-    fields[:, 14] = np.cumsum(counts, axis=1, dtype=np.uint32) - counts
-    return fields.view(np.int32)
-
-
-def mask_fields(index_masks):
-    """int32 `[H, 6, mask_words]` for the index's mask rows `[H, mask_words]`
-    of a derived depth: planes 0-4 their `expand` moves, plane 5 the set
-    bits before each word (where a word's piece of the children starts)."""
-    masks = np.asarray(index_masks).view(np.uint32)
-    fields = np.zeros((masks.shape[0], MASK_FIELDS, masks.shape[1]), np.uint32)
-    fields[:, :5] = np.moveaxis(bit_fields.host_compress_moves(masks).view(np.uint32), -1, 1)
-    counts = np.bitwise_count(masks).astype(np.uint32)
-    fields[:, 5] = np.cumsum(counts, axis=1, dtype=np.uint32) - counts
-    return fields.view(np.int32)
-
-
-def _bits_from(k):
-    """NumPy uint32 words with bits `[k, 32)` set (k clipped to [0, 32])."""
-    k = np.clip(k, 0, 32)
-    shifted = np.uint32(0xFFFFFFFF) << np.minimum(k, 31).astype(np.uint32)
-    return np.where(k >= 32, np.uint32(0), shifted).astype(np.uint32)
-
-
 # Device ----------------------------------------------------------------------
-
-
-def planes_first(fields):
-    """`[H, planes, width]` host fields as `[planes * H, width]`: a step
-    gathers each plane of its rows (`plane_rows`), with no copy of the
-    other planes (a batched gather then a split copies all of them)."""
-    return np.ascontiguousarray(np.moveaxis(fields, 1, 0)).reshape(-1, fields.shape[2])
 
 
 def plane_rows(table, planes: int, rows):

@@ -19,6 +19,7 @@ from __future__ import annotations
 from keras import ops
 
 from static_keras.index import dense_eligibility
+from static_keras.index import dense_fields
 from static_keras.index.static_index import StaticIndex
 from static_keras.layers import derived_dense_masks
 from static_keras.layers import eligibility_kernels
@@ -36,13 +37,7 @@ class HostBoundaries:
         if self._cached is None or self._cached[0] is not index:
             layout = index.layout
             table = dense_eligibility.dense_boundary_table(layout, index.arrays)
-            windows = derived_dense_masks.eligibility_windows(
-                layout.vocab_size,
-                layout.dense_levels,
-                layout.num_members,
-                table,
-                dense_eligibility.dense_boundary_offsets(layout),
-            )
+            windows = dense_fields.layer_windows(layout, table)
             self._cached = (index, table, windows)
         return self._cached[1:]
 
@@ -111,33 +106,8 @@ class TreeMemberRanges:
         return shapes
 
     def weight_arrays(self, index) -> dict:
-        layout = self.layout
         table, _ = self.boundaries.get(index)
-        offsets = dense_eligibility.dense_boundary_offsets(layout)
-        for t, held in enumerate(self.windows):
-            if not held:  # stored rows fit any index
-                continue
-            size = layout.vocab_size**t
-            needed = derived_dense_masks.widest_range(table[offsets[t] : offsets[t] + size + 1])
-            if needed > held:
-                raise ValueError(
-                    f"The index does not fit this layer's eligibility windows: a code of "
-                    f"depth {t} needs {needed} words, the layer reads {held} "
-                    f"({list(self.windows)}); build a layer for this index"
-                )
-        arrays = {"dense_boundaries": table}
-        if layout.dense_levels:
-            arrays["dense_member_codes"] = dense_eligibility.dense_member_codes(layout, table)
-        for t, window in enumerate(self.windows):
-            if window:
-                fields = derived_dense_masks.code_fields(
-                    layout.vocab_size, layout.num_members, table, offsets, t, window
-                )
-                first = layout.dense_mask_offsets[t]
-                rows = index.arrays["dense_masks"][first : first + layout.vocab_size**t]
-                masks = derived_dense_masks.mask_fields(rows)
-                arrays[f"dense_code_fields_{t}"] = derived_dense_masks.planes_first(fields)
-                arrays[f"dense_mask_fields_{t}"] = derived_dense_masks.planes_first(masks)
+        arrays = dense_fields.member_range_arrays(self.layout, index.arrays, self.windows, table)
         self.boundaries.drop()
         return arrays
 

@@ -1,0 +1,363 @@
+"""A catalogue change published like a rules refresh, without TensorFlow.
+
+New items must reach answers in seconds. A version whose index was laid out
+with headroom (`StaticIndex.build(..., headroom=0.1)`) takes any catalogue
+within its capacities as new tensor values for the same graph, so
+`update_catalogue` publishes a delta (items added with their semantic IDs,
+item ids removed) the way `refresh_eligibility` publishes sets:
+
+1. read the served version's index tensors and eligibility sets from its
+   checkpoint (NumPy; the exclusion table gives the catalogue unsorted);
+2. `apply_delta`: the new index in the same capacities (a merge of sorted
+   runs, no full sort); the sets carried over by item id (new items are in
+   no set unless `add_to_sets` names them);
+3. every tensor the layer derives from the index (dense edge rows, member
+   ranges, the sets' dense masks, the exclusion table) computed on the host
+   by the functions the layer itself uses;
+4. the graph and warmup records copied, the checkpoint's other shards
+   hard-linked and only these tensors written (`checkpoint_patch`), read
+   back against their checksums, and the version renamed into place by
+   `publish_staged`, the one rule every publishing path follows (a job
+   that finds a newer version rebases onto it before its own is visible).
+
+A delta that does not fit (members, prefixes or a fan-out above a cap) is
+refused before anything is written (`CapacityError`, naming the capacity);
+a full `publish` with more headroom is the remedy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from typing import Mapping
+
+import numpy as np
+
+from static_keras.export import checkpoint_patch
+from static_keras.export.eligibility_refresh import DENSE_MASKS
+from static_keras.export.eligibility_refresh import TABLE_IDS
+from static_keras.export.eligibility_refresh import TABLE_MEMBERS
+from static_keras.export.eligibility_refresh import TABLES_ATTRIBUTE
+from static_keras.export.eligibility_refresh import _checkpoint_key
+from static_keras.export.eligibility_refresh import _prefix
+from static_keras.export.eligibility_refresh import _top_level
+from static_keras.export.eligibility_refresh import read_eligibility
+from static_keras.export.leftovers import DEFAULT_STALE_AFTER_SECONDS
+from static_keras.export.metadata import METADATA_FILENAME
+from static_keras.export.metadata import read_metadata
+from static_keras.export.publish import list_versions
+from static_keras.export.publish import new_version
+from static_keras.export.publish import newest_good_version
+from static_keras.export.publish import publish_staged
+from static_keras.export.version_lock import PublishConflict
+from static_keras.export.version_lock import check_base_path
+from static_keras.index import archive
+from static_keras.index import dense_eligibility
+from static_keras.index import dense_fields
+from static_keras.index.catalogue_delta import apply_delta
+from static_keras.index.headroom import CapacityError
+from static_keras.index.layout import IndexLayout
+from static_keras.index.static_index import StaticIndex
+from static_keras.layers import dense_edge_rows
+
+#: The metadata entry `export_saved_model` writes for an index with headroom.
+UPDATE_ENTRY = "catalogue_update"
+_FINGERPRINT = "fingerprint.pb"
+
+
+@dataclasses.dataclass(frozen=True)
+class CatalogueUpdateInfo:
+    """What `update_catalogue` wrote."""
+
+    version: int
+    path: str
+    source_version: int
+    num_items: int
+    added: int
+    removed: int
+    sizes: dict
+    removed_versions: tuple[int, ...]
+    rejected_versions: tuple[int, ...]
+    seconds: float
+    rebased_onto: tuple[int, ...] = ()
+    quarantined_versions: tuple[int, ...] = ()
+    quarantined_paths: tuple[str, ...] = ()
+
+
+def read_served_index(saved_model_dir: str | os.PathLike) -> StaticIndex:
+    """The `StaticIndex` an exported version with headroom holds (from its
+    checkpoint, NumPy only). ValueError for a version without headroom."""
+    path = os.fspath(saved_model_dir)
+    metadata = read_metadata(path)
+    info = _update_entry(metadata, path)
+    layout = IndexLayout.from_config(_index_entry(metadata, info)["layout"])
+    shapes = layout.array_shapes()
+    keys = {name: _checkpoint_key("model_variables", info["variables"][name]) for name in shapes}
+    tensors = checkpoint_patch.read_tensors(_prefix(path), keys.values())
+    arrays = {name: tensors[keys[name]].astype(shapes[name][1], copy=False) for name in shapes}
+    return StaticIndex(layout, arrays)
+
+
+def update_catalogue(
+    model_base_path: str | os.PathLike,
+    *,
+    add_sequences=None,
+    add_item_ids=None,
+    remove_item_ids=None,
+    add_to_sets: Mapping[str, object] | None = None,
+    on_duplicate_item: str = "error",
+    source_version: int | None = None,
+    version: int | None = None,
+    keep: int | None = 3,
+    check: bool = True,
+    stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+) -> CatalogueUpdateInfo:
+    """Publishes a new version whose catalogue is the served one's plus a delta.
+
+    Args:
+        model_base_path: the directory TF Serving polls.
+        add_sequences, add_item_ids, remove_item_ids, on_duplicate_item:
+            the delta, as in `static_keras.index.catalogue_delta.apply_delta`.
+        add_to_sets: optional `{set name: item ids}`: added items that join
+            each set (every other added item is in no set; served items keep
+            their sets).
+        source_version: the version to change; defaults to the newest that
+            loads. A job given one refuses, rather than rebases, when a
+            version lands meanwhile.
+        version, keep, check, stale_after_seconds: as in `refresh_eligibility`.
+
+    Returns:
+        `CatalogueUpdateInfo`.
+
+    Raises:
+        ValueError: a bad delta (naming the argument and the first ids), a
+            version without headroom; `CapacityError` (a ValueError) when
+            the new catalogue exceeds the capacities. Nothing is written.
+    """
+    start = time.perf_counter()
+    base = os.fspath(model_base_path)
+    check_base_path(base)
+    existing = list_versions(base)
+    if not existing:
+        raise ValueError(f"No versions under {base!r} to update")
+    given_source = source_version is not None
+    if source_version is None:
+        source_version = newest_good_version(base)
+        if source_version is None:
+            raise ValueError(f"No version under {base!r} loads (versions: {existing})")
+    if source_version not in existing:
+        raise ValueError(f"No version {source_version} under {base!r} (versions: {existing})")
+    new_version(base, existing, version, keep)  # bad arguments fail before any work
+    delta = dict(
+        add_sequences=add_sequences,
+        add_item_ids=add_item_ids,
+        remove_item_ids=remove_item_ids,
+        on_duplicate_item=on_duplicate_item,
+    )
+    state = {"source": source_version}
+    # The new tensors are computed before anything is staged: a bad delta
+    # or one beyond the capacities writes nothing.
+    state["tensors"] = _new_tensors(os.path.join(base, str(source_version)), delta, add_to_sets)
+
+    def write(staging):
+        source = os.path.join(base, str(state["source"]))
+        try:
+            _stage(source, staging, state["tensors"], state["source"], check)
+        except FileNotFoundError:
+            if os.path.isdir(source):
+                raise
+            raise PublishConflict(
+                f"version {state['source']} was removed while this job copied it: nothing "
+                "was published; rerun the job"
+            ) from None
+
+    def rebase(staging, head):
+        shutil.rmtree(staging, ignore_errors=True)
+        if given_source:
+            raise PublishConflict(
+                f"version {head} was published while this job updated version "
+                f"{source_version} (--source-version): nothing was published; rerun it over "
+                f"version {head}, or without a source version"
+            )
+        # Another job's catalogue or rules: apply this delta to its result.
+        try:
+            state["tensors"] = _new_tensors(os.path.join(base, str(head)), delta, add_to_sets)
+        except ValueError as error:
+            raise PublishConflict(
+                f"version {head}, published while this job ran, does not take this delta "
+                f"({error}): nothing was published"
+            ) from None
+        state["source"] = head
+        write(staging)
+        return staging
+
+    staged = publish_staged(
+        base,
+        write,
+        read_version=max(existing[-1], source_version),
+        rebase=rebase,
+        version=version,
+        keep=keep,
+        xla=bool(read_metadata(os.path.join(base, str(source_version))).get("xla")),
+        check=False,
+        verified=check,
+        stale_after_seconds=stale_after_seconds,
+        what="The updated version",
+    )
+    summary = state["tensors"]["summary"]
+    return CatalogueUpdateInfo(
+        version=staged.version,
+        path=staged.path,
+        source_version=state["source"],
+        num_items=summary["num_items"],
+        added=summary["added"],
+        removed=summary["removed"],
+        sizes=summary["sizes"],
+        removed_versions=staged.removed_versions,
+        rejected_versions=staged.rejected_versions,
+        seconds=time.perf_counter() - start,
+        rebased_onto=staged.rebased_onto,
+        quarantined_versions=staged.quarantined_versions,
+        quarantined_paths=staged.quarantined_paths,
+    )
+
+
+def _new_tensors(source: str, delta: dict, add_to_sets) -> dict:
+    """`{"replaced": {checkpoint key: array}, "metadata": ..., "summary": ...}`
+    of the version at `source` with `delta` applied."""
+    metadata = read_metadata(source)
+    info = _update_entry(metadata, source)
+    served = read_served_index(source)
+    sets = read_eligibility(source) if metadata.get("eligibility") else None
+    index = apply_delta(served, catalogue=None if sets is None else sets.catalogue, **delta)
+    layout, arrays = index.layout, index.arrays
+    held = info["variables"]
+    values = {name: arrays[name] for name in layout.array_shapes()}
+    if dense_edge_rows.POINTERS in held:
+        values.update(dense_edge_rows.arrays(layout, arrays["dense_states"]))
+    windows = tuple(info.get("eligibility_windows") or ())
+    if "dense_boundaries" in held:
+        try:
+            values.update(dense_fields.member_range_arrays(layout, arrays, windows))
+        except ValueError as error:
+            raise CapacityError(f"{error}. Publish it in full with more headroom") from None
+    replaced = {_checkpoint_key("model_variables", held[name]): value
+                for name, value in values.items()}  # fmt: skip
+    new_metadata = dict(metadata)
+    entry = _index_entry(metadata, info)
+    entry.update(archive.metadata(StaticIndex.kind, layout, {n: arrays[n] for n in arrays}))
+    sizes = {}
+    added, removed = _count(delta["add_item_ids"]), _count(delta["remove_item_ids"])
+    if sets is not None:
+        sets = sets.carried_over(index)
+        for name, ids in (add_to_sets or {}).items():
+            sets = _joined(sets, name, ids, delta["add_item_ids"])
+        replaced.update(_set_tensors(metadata, sets, values.get("dense_boundaries")))
+        eligibility = dict(metadata["eligibility"])
+        eligibility["catalogue_fingerprint"] = sets.catalogue.fingerprint
+        new_metadata["eligibility"] = eligibility
+        sizes = sets.sizes()
+    elif add_to_sets:
+        raise ValueError("`add_to_sets`: the served version holds no eligibility sets")
+    new_metadata["catalogue_delta"] = {
+        "added": added,
+        "removed": removed,
+        "num_items": index.num_sequences,
+    }
+    summary = {**new_metadata["catalogue_delta"], "sizes": sizes}
+    return {"replaced": replaced, "metadata": new_metadata, "summary": summary}
+
+
+def _count(ids) -> int:
+    return 0 if ids is None else int(np.asarray(ids).size)
+
+
+def _joined(sets, name: str, ids, added_ids):
+    """`sets` with the added items `ids` joining set `name` (ValueError
+    naming ids that the delta does not add)."""
+    ids = np.unique(np.asarray(ids, np.int64).reshape(-1))
+    added = np.zeros(0, np.int64) if added_ids is None else np.asarray(added_ids, np.int64)
+    stray = np.setdiff1d(ids, added)
+    if stray.size:
+        raise ValueError(
+            f"`add_to_sets[{name!r}]` names {stray.size} item id(s) the delta does not add: "
+            f"{stray[:5].tolist()} (served items keep their sets; refresh_eligibility "
+            "changes those)"
+        )
+    row = sets.set_id(name)  # ValueError naming an unknown set
+    members = np.flatnonzero(sets.contains(row, np.arange(sets.num_members)))
+    return sets.replace(name, np.union1d(sets.catalogue.item_ids[members], ids))
+
+
+def _set_tensors(metadata: dict, sets, boundaries) -> dict:
+    """The checkpoint values of the sets over the new catalogue: set words
+    and directory, their dense masks, and the exclusion table."""
+    info = metadata["eligibility"]
+    keys = info["variables"]
+    arrays = sets.device_arrays()
+    dense = info.get("dense_masks")
+    if dense is not None:
+        arrays[DENSE_MASKS] = dense_eligibility.dense_eligibility_masks(
+            dense["vocab_size"], dense["dense_levels"], boundaries, sets,
+            stored_levels=dense.get("stored_levels"),
+        )  # fmt: skip
+    out = {_checkpoint_key("model_variables", keys[name]): array
+           for name, array in arrays.items()}  # fmt: skip
+    ids, members = sets.catalogue.exclusion_table()
+    out[_checkpoint_key(TABLES_ATTRIBUTE, TABLE_IDS)] = ids
+    out[_checkpoint_key(TABLES_ATTRIBUTE, TABLE_MEMBERS)] = members.astype(np.int32)
+    return out
+
+
+def _stage(source: str, staging: str, tensors: dict, source_version: int, check: bool) -> None:
+    """Stages at `staging` the version at `source` with `tensors` in place."""
+    prefix = _prefix(source)
+    specs = checkpoint_patch.tensor_specs(prefix)
+    replaced = {}
+    for key, value in tensors["replaced"].items():
+        dtype = checkpoint_patch.numpy_dtype(key, specs[key][0])
+        value = np.asarray(value)
+        if tuple(value.shape) != tuple(specs[key][1]):
+            raise ValueError(f"{key}: the new catalogue's tensor has shape {value.shape}, the "
+                             f"served graph {specs[key][1]}")  # fmt: skip
+        replaced[key] = value.astype(dtype, copy=False)
+    shutil.copytree(source, staging, ignore=_top_level("variables", _FINGERPRINT))
+    os.makedirs(os.path.join(staging, "variables"))
+    checkpoint_patch.replace_tensors(prefix, _prefix(staging), replaced)
+    metadata = dict(tensors["metadata"])
+    metadata["catalogue_delta"] = {
+        **metadata["catalogue_delta"],
+        "source_version": source_version,
+        "updated_unix": time.time(),
+    }
+    metadata.pop("eligibility_refresh", None)
+    with open(os.path.join(staging, "assets", METADATA_FILENAME), "w") as file:
+        json.dump(metadata, file, indent=2, sort_keys=True)
+    if check:
+        new = _prefix(staging)
+        if checkpoint_patch.tensor_specs(new) != specs:
+            raise ValueError("The updated checkpoint does not hold the source's tensors")
+        for key, value in checkpoint_patch.read_tensors(new, replaced).items():
+            if not np.array_equal(value, replaced[key]):
+                raise ValueError(f"The updated checkpoint reads back {key} differently")
+
+
+def _update_entry(metadata: dict, path: str) -> dict:
+    info = metadata.get(UPDATE_ENTRY)
+    if not info:
+        raise ValueError(
+            f"{path!r} holds an index without headroom: a catalogue change needs a new graph. "
+            "Publish the model once with an index built with headroom "
+            "(StaticIndex.build(..., headroom=0.1)); later changes within it publish in seconds"
+        )
+    return info
+
+
+def _index_entry(metadata: dict, info: dict) -> dict:
+    for entry in metadata["indexes"]:
+        if entry.get("layer") == info["layer"]:
+            return entry
+    raise ValueError(f"The metadata lists no index of layer {info['layer']!r}")

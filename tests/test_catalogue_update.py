@@ -1,0 +1,188 @@
+"""`update_catalogue`: a catalogue delta published like a rules refresh.
+
+The oracle is the Keras search over `StaticIndex.build` of the new catalogue
+(exact layout) with the sets the delta implies, sharing the decoder: the
+updated version, loaded as TF Serving loads it, answers exactly the same
+through both signatures. The graph and warmup records are the served
+version's bytes, only index and set tensors change, the job imports neither
+TensorFlow nor Keras, and a bad or oversized delta writes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import CONTEXT_VOCAB
+from conftest import HISTORY
+from conftest import histories
+
+from static_keras import CachedTransformerDecoder
+from static_keras import ConstrainedBeamSearch
+from static_keras import ConstrainedDecoding
+from static_keras import StaticIndex
+from static_keras.export import ELIGIBLE_SIGNATURE
+from static_keras.export import list_versions
+from static_keras.export import publish
+from static_keras.export import read_eligibility
+from static_keras.export import read_metadata
+from static_keras.export import read_served_index
+from static_keras.export import refresh_eligibility
+from static_keras.export import update_catalogue
+from static_keras.index.eligibility import EligibilitySets
+from static_keras.index.eligibility import MemberCatalogue
+from static_keras.index.headroom import CapacityError
+from static_keras.serving.servable import load_servable
+
+VOCAB, LENGTH, N = 12, 4, 240
+NAMES = ("in_stock", "fr")
+
+
+@pytest.fixture(scope="module")
+def catalogue_model():
+    rng = np.random.default_rng(0)
+    rows = np.unique(rng.integers(0, VOCAB, (N, LENGTH)), axis=0)
+    rows = rows[rng.permutation(len(rows))]
+    ids = 10**9 + 2 * rng.permutation(len(rows)).astype(np.int64)
+    index = StaticIndex.build(rows, VOCAB, item_ids=ids, headroom=0.2)
+    sets = {name: rng.choice(ids, len(ids) // 2, replace=False) for name in NAMES}
+    keras.utils.set_random_seed(0)
+    decoder = CachedTransformerDecoder(VOCAB, LENGTH, context_vocab_size=CONTEXT_VOCAB,
+                                       hidden_dim=16)  # fmt: skip
+    layer = ConstrainedDecoding(index, eligibility=EligibilitySets.build(index, sets),
+                                name="constraint")  # fmt: skip
+    search = ConstrainedBeamSearch(constraint=layer, decoder=decoder, beam_size=6)
+    history = keras.Input((HISTORY,), dtype="int32", name="history")
+    return rows, ids, sets, decoder, keras.Model(history, search(history))
+
+
+def a_delta(rows, ids, seed):
+    """Removes 10 % (one removed row re-used by a new item), adds 12 rows."""
+    rng = np.random.default_rng(seed)
+    gone = rng.choice(len(rows), len(rows) // 10, replace=False)
+    taken = {tuple(r) for r in rows}
+    fresh = [r for r in map(tuple, rng.integers(0, VOCAB, (60, LENGTH))) if r not in taken]
+    added = np.array(list(dict.fromkeys(fresh))[:11] + [tuple(rows[gone[0]])])
+    new_ids = 5 + 2 * np.arange(len(added), dtype=np.int64)
+    return gone, added, new_ids
+
+
+def oracle(decoder, rows, ids, gone, added, new_ids, sets, joined):
+    keep = np.setdiff1d(np.arange(len(rows)), gone)
+    all_rows = np.concatenate([rows[keep], added])
+    all_ids = np.concatenate([ids[keep], new_ids])
+    index = StaticIndex.build(all_rows, VOCAB, item_ids=all_ids)
+    members = {name: np.concatenate([np.intersect1d(sets[name], all_ids),
+                                     np.asarray(joined.get(name, []), np.int64)])
+               for name in NAMES}  # fmt: skip
+    layer = ConstrainedDecoding(index, eligibility=EligibilitySets.build(index, members))
+    return index, members, ConstrainedBeamSearch(constraint=layer, decoder=decoder, beam_size=6)
+
+
+def test_the_updated_version_answers_as_the_new_catalogue(catalogue_model, tmp_path):
+    rows, ids, sets, decoder, model = catalogue_model
+    base = tmp_path / "recs"
+    publish(model, base, warmup_batch_sizes=(1, 3))
+    gone, added, new_ids = a_delta(rows, ids, 1)
+    joined = {"in_stock": new_ids[:4]}
+    info = update_catalogue(base, add_sequences=added, add_item_ids=new_ids,
+                            remove_item_ids=ids[gone], add_to_sets=joined)  # fmt: skip
+    assert (info.version, info.source_version) == (2, 1)
+    assert (info.added, info.removed) == (len(added), len(gone))
+    index, members, search = oracle(decoder, rows, ids, gone, added, new_ids, sets, joined)
+    assert info.num_items == index.num_sequences
+    assert info.sizes == {name: len(members[name]) for name in NAMES}
+
+    served = read_served_index(base / "2")
+    np.testing.assert_array_equal(served.sequences(), index.sequences())
+    assert read_eligibility(base / "2").sizes() == info.sizes
+    # The graph and the warmup records are the served version's bytes.
+    for name in ("saved_model.pb", "assets.extra/tf_serving_warmup_requests"):
+        with open(base / "1" / name, "rb") as a, open(base / "2" / name, "rb") as b:
+            assert a.read() == b.read(), name
+    entry = read_metadata(base / "2")["indexes"][0]
+    assert entry["num_sequences"] == index.num_sequences
+    assert read_metadata(base / "2")["catalogue_delta"]["source_version"] == 1
+
+    # Loaded as TF Serving loads it, both signatures answer as the oracle.
+    servable = load_servable(base / "2", 2)
+    context = histories(8, seed=3)
+    rng = np.random.default_rng(4)
+    set_ids = rng.integers(-1, len(NAMES), 8).astype(np.int32)
+    excluded = rng.choice(index.lookup_item_ids(index.sequences()), (8, 3)).astype(np.int64)
+    excluded[:, -1] = -1
+    got = servable.run(ELIGIBLE_SIGNATURE, {"history": context, "set_id": set_ids,
+                                            "excluded_item_ids": excluded})  # fmt: skip
+    want = search(context, set_ids, MemberCatalogue.from_index(index).exclusion_members(excluded))
+    np.testing.assert_array_equal(got["item_ids"], np.asarray(want["item_ids"]))
+    np.testing.assert_allclose(got["scores"], np.asarray(want["scores"]), rtol=1e-5)
+    plain = servable.run("serving_default", {"history": context})
+    np.testing.assert_array_equal(plain["item_ids"], np.asarray(search(context)["item_ids"]))
+
+    # Rules refresh and a second delta on top of the updated version.
+    refresh_eligibility(base, {"fr": new_ids[:2]})
+    assert read_eligibility(base / "3").sizes()["fr"] == 2
+    info = update_catalogue(base, remove_item_ids=new_ids[:1])
+    assert info.version == 4 and read_eligibility(base / "4").sizes()["fr"] == 1
+
+
+def test_bad_and_oversized_deltas_write_nothing(catalogue_model, tmp_path):
+    rows, ids, _, _, model = catalogue_model
+    base = tmp_path / "recs"
+    publish(model, base, warmup_batch_sizes=(1,))
+    before = sorted(os.listdir(base))
+    cases = [
+        (dict(remove_item_ids=[7]), "`remove_item_ids` names 1 item id"),
+        (dict(add_sequences=rows[:1], add_item_ids=[3]), "repeats the semantic ID"),
+        (dict(add_sequences=[[0, 0, 0, 99]], add_item_ids=[3]), "`add_sequences`"),
+        (dict(add_sequences=[[0, 0, 0, 0]], add_item_ids=[3], add_to_sets={"fr": [4]}),
+         r"`add_to_sets\['fr'\]` names 1 item id"),
+    ]  # fmt: skip
+    every = np.indices((VOCAB,) * LENGTH).reshape(LENGTH, -1).T
+    every = every[~np.isin(every @ VOCAB ** np.arange(LENGTH)[::-1],
+                           rows @ VOCAB ** np.arange(LENGTH)[::-1])][:200]  # fmt: skip
+    for arguments, message in cases:
+        with pytest.raises(ValueError, match=message):
+            update_catalogue(base, **arguments)
+    with pytest.raises(CapacityError, match=r"capacity .*more headroom"):
+        update_catalogue(base, add_sequences=every, add_item_ids=np.arange(len(every)))
+    assert list_versions(base) == [1]
+    assert sorted(os.listdir(base)) == before
+
+
+def test_a_version_without_headroom_is_refused(small_model, tmp_path):
+    _, model = small_model
+    base = tmp_path / "recs"
+    publish(model, base, warmup_batch_sizes=(1,))
+    with pytest.raises(ValueError, match=r"without headroom.*headroom=0.1"):
+        update_catalogue(base, remove_item_ids=[1000])
+
+
+def test_the_command_line_job_imports_neither_tensorflow_nor_keras(catalogue_model, tmp_path):
+    rows, ids, _, _, model = catalogue_model
+    base = tmp_path / "recs"
+    publish(model, base, warmup_batch_sizes=(1,))
+    gone, added, new_ids = a_delta(rows, ids, 2)
+    np.savez(tmp_path / "added.npz", semantic_ids=added, item_ids=new_ids)
+    np.save(tmp_path / "removed.npy", ids[gone])
+    script = (
+        "import sys\n"
+        "from static_keras.cli import main\n"
+        f"code = main(['update-catalogue', '--model-base-path', {str(base)!r},\n"
+        f"             '--add', {str(tmp_path / 'added.npz')!r},\n"
+        f"             '--remove', {str(tmp_path / 'removed.npy')!r}])\n"
+        "print(code, 'tensorflow' in sys.modules, 'keras' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "published version 2" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "0 False False"
+    served = read_served_index(base / "2")
+    assert served.num_sequences == len(rows) - len(gone) + len(added)
+    assert tf.saved_model.load(str(base / "2")).signatures  # loads
