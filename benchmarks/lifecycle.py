@@ -487,8 +487,13 @@ def _run_size(config, n, seed, stages, workdir):
     stages.add("data", stage.seconds, stage.peak, notes=f"{notes}; {stage.grown}")
 
     with InProcess() as stage:
-        index = StaticIndex.build(semantic_ids, VOCAB, item_ids=item_ids)
-    notes = f"index {index.nbytes / MIB:.0f} MiB, dense_levels {index.dense_levels}"
+        index = StaticIndex.build(
+            semantic_ids, VOCAB, item_ids=item_ids, headroom=config.get("headroom", 0.0)
+        )
+    notes = (
+        f"index {index.nbytes / MIB:.0f} MiB, dense_levels {index.dense_levels}, "
+        f"headroom {config.get('headroom', 0.0)}, step widths {list(index.step_widths)}"
+    )
     stages.add("index_build", stage.seconds, stage.peak, notes=f"{notes}; {stage.grown}")
 
     in_stock = np.sort(item_ids[rng.permutation(n)[: n // 2]])
@@ -614,6 +619,27 @@ def _run_size(config, n, seed, stages, workdir):
             subs=[("rules_change.replace", replace_s, None, replace_note)],
         )
         served_stock = in_stock_2 if current != 1 else in_stock
+
+        if config.get("headroom"):
+            # Catalogue delta: 1% of the items replaced, published into the
+            # served graph (update_catalogue: no Keras, no TensorFlow).
+            change = max(1, int(CHANGE * n))
+            gone = rng.choice(n, change, replace=False)
+            taken = np.sort(keys[np.setdiff1d(np.arange(n), gone)])
+            added_rows, _ = distinct_ids(change, seed + 2, taken=taken)
+            top = int(item_ids.max()) + 1
+            added_ids = top + 2 * np.arange(change, dtype=np.int64)
+            add_path = os.path.join(workdir, "added.npz")
+            remove_path = os.path.join(workdir, "removed.npy")
+            np.savez(add_path, semantic_ids=added_rows, item_ids=added_ids)
+            np.save(remove_path, item_ids[gone])
+            delta_catalogue = np.sort(np.concatenate([np.delete(item_ids, gone), added_ids]))
+            delta_stock = np.intersect1d(served_stock, delta_catalogue)
+            job = ["--job", "delta", "--base", base, "--add", add_path, "--remove", remove_path]
+            current = _swap(
+                stages, "catalogue_delta", job, server, client, load, current, steady, config,
+                (delta_catalogue, delta_stock),
+            )  # fmt: skip
 
         # Catalogue change: 1% of the items replaced by new rows and new ids.
         change = max(1, int(CHANGE * n))
@@ -817,7 +843,7 @@ def _swap(stages, name, job, server, client, load, old, steady, config, allowed,
             first - (job_end - start),
             notes="job exit -> first answer by the new version (poll + load + warmup)",
         )
-    if name == "catalogue_change":
+    if name in ("catalogue_change", "catalogue_delta"):
         kept = report.get("eligibility_sets")
         answered = load.first_answer(new, "serving_eligible") is not None
         restricted = summary["failed"] - summary["failed_default"]
@@ -871,6 +897,7 @@ def job_main(args) -> None:
             import static_keras.saving  # noqa: F401
 
     notes = {"refresh": "python + static_keras.export imports (NumPy only)",
+             "delta": "python + static_keras.export imports (NumPy only)",
              "catalogue": "python + TensorFlow + Keras + static_keras imports"}  # fmt: skip
     timed("import_s", "job_import", imports, notes[args.job])
     import numpy as np
@@ -880,7 +907,26 @@ def job_main(args) -> None:
     from static_keras.export import refresh_eligibility
     from static_keras.export.publish import newest_good_version
 
-    if args.job == "refresh":
+    if args.job == "delta":
+        from static_keras.export import update_catalogue
+
+        def read_delta():
+            with np.load(args.add) as added:
+                return added["semantic_ids"], added["item_ids"], np.load(args.remove)
+
+        rows, ids, removed = timed("read_delta_s", "read_delta", read_delta)
+        info = timed(
+            "update_s",
+            "update_catalogue",
+            lambda: update_catalogue(
+                args.base, add_sequences=rows, add_item_ids=ids, remove_item_ids=removed
+            ),
+            "the library call: read the served index and sets, apply_delta, derived tensors, "
+            "patched checkpoint, read back, rename",
+        )
+        report["version"] = info.version
+        report["eligibility_sets"] = read_metadata(info.path).get("eligibility_sets")
+    elif args.job == "refresh":
         ids = timed("read_ids_s", "read_ids", lambda: np.load(args.ids))
         info = timed(
             "refresh_s",
@@ -906,7 +952,9 @@ def job_main(args) -> None:
             "read_eligibility of the served version",
         )
         (search,) = beam_searches(model)
-        search.constraint.set_eligibility(served)
+        # The served sets may be over a catalogue a delta changed since the
+        # model was saved: carried over to the model's own index by item id.
+        search.constraint.set_eligibility(served.carried_over(search.constraint.catalogue()))
         feed = np.load(args.feed)
         ids, items = feed["semantic_ids"], feed["item_ids"]
         index = timed(
@@ -981,14 +1029,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="stop after the served latencies (no rules or catalogue change)",
     )
+    parser.add_argument(
+        "--headroom",
+        type=float,
+        default=0.1,
+        help="headroom of v1's index (default 0.1; 0: no catalogue_delta stage)",
+    )
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per wait")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", help="where version directories go (default: temp)")
     parser.add_argument("--keep-workdir", action="store_true")
     # Internal: one N in a child process, and the jobs.
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--job", choices=["refresh", "catalogue"], help=argparse.SUPPRESS)
-    for name in ("--base", "--ids", "--model", "--feed"):
+    parser.add_argument("--job", choices=["refresh", "catalogue", "delta"], help=argparse.SUPPRESS)
+    for name in ("--base", "--ids", "--model", "--feed", "--add", "--remove"):
         parser.add_argument(name, help=argparse.SUPPRESS)
     parser.add_argument("--started", type=float, help=argparse.SUPPRESS)
     return parser
@@ -1019,6 +1073,7 @@ def main(argv=None) -> list[dict]:
         "load_pause_ms": args.load_pause_ms,
         "cc": not (args.quick or args.no_cc),
         "serving_only": args.serving_only,
+        "headroom": args.headroom,
         "timeout": args.timeout,
         "workdir": args.workdir,
         "keep_workdir": args.keep_workdir,

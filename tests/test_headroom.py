@@ -134,3 +134,12 @@ def test_a_catalogue_beyond_the_capacities_is_refused_naming_them():
 def test_bad_headroom_is_refused_naming_it(bad):
     with pytest.raises(ValueError, match="headroom"):
         StaticIndex.build([[0, 1]], 2, headroom=bad)
+
+
+def test_an_index_with_headroom_saves_and_loads(tmp_path):
+    _, roomy, _ = pair(2, 0.4)
+    roomy.save(tmp_path / "roomy.npz")
+    again = StaticIndex.load(tmp_path / "roomy.npz")
+    assert again.layout == roomy.layout and again.num_sequences == roomy.num_sequences
+    for name, array in roomy.arrays.items():
+        np.testing.assert_array_equal(again.arrays[name], array)

@@ -102,6 +102,7 @@ def command_build_index(args) -> None:
         item_ids=item_ids,
         dense_levels=args.dense_levels,
         on_duplicate_item=args.on_duplicate_item,
+        headroom=args.headroom,
         progress=progress,
     )
     seconds = time.perf_counter() - start
@@ -143,6 +144,11 @@ def _build_index_beam(args) -> None:
         )
     except PipelineFailed as error:
         raise UserError(str(error)) from None
+    if args.headroom:  # the pipeline writes the exact layout; laid out again here
+        from static_keras.index.headroom import with_headroom
+
+        index = type(index)(*with_headroom(index.layout, index.arrays, args.headroom))
+        index.save(args.out)
     seconds = time.perf_counter() - start
     print(f"built with Apache Beam in {seconds:.2f} s, wrote {args.out}")
     _print_stats(index)

@@ -128,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="one semantic ID with two item ids: fail, or keep the first/last",
     )
     build.add_argument(
+        "--headroom",
+        default=0.0,
+        type=float,
+        help="capacities this share above the catalogue, so that update-catalogue can "
+        "publish later deltas without a new graph (e.g. 0.1; default 0: exact)",
+    )
+    build.add_argument(
         "--runner",
         default="in-process",
         choices=["in-process", "beam"],
