@@ -57,9 +57,10 @@ from static_keras.export.version_lock import check_base_path
 from static_keras.index import archive
 from static_keras.index import dense_eligibility
 from static_keras.index import dense_fields
-from static_keras.index.catalogue_delta import apply_delta
+from static_keras.index.catalogue_delta import apply_delta_with_member_map
 from static_keras.index.headroom import CapacityError
 from static_keras.index.layout import IndexLayout
+from static_keras.index.member_catalogue import MemberCatalogue
 from static_keras.index.static_index import StaticIndex
 from static_keras.layers import dense_edge_rows
 
@@ -230,9 +231,10 @@ def _new_tensors(source: str, delta: dict, add_to_sets) -> dict:
     of the version at `source` with `delta` applied."""
     metadata = read_metadata(source)
     info = _update_entry(metadata, source)
-    served = read_served_index(source)
     sets = read_eligibility(source) if metadata.get("eligibility") else None
-    index = apply_delta(served, catalogue=None if sets is None else sets.catalogue, **delta)
+    index, old_members, new_members = apply_delta_with_member_map(
+        read_served_index(source), catalogue=None if sets is None else sets.catalogue, **delta
+    )  # no reference to the served index stays: its arrays are freed as the merge reads them
     layout, arrays = index.layout, index.arrays
     held = info["variables"]
     values = {name: arrays[name] for name in layout.array_shapes()}
@@ -252,7 +254,8 @@ def _new_tensors(source: str, delta: dict, add_to_sets) -> dict:
     sizes = {}
     added, removed = _count(delta["add_item_ids"]), _count(delta["remove_item_ids"])
     if sets is not None:
-        sets = sets.carried_over(index)
+        sets = sets.moved(old_members, new_members, MemberCatalogue.from_index(index))
+        del old_members, new_members
         for name, ids in (add_to_sets or {}).items():
             sets = _joined(sets, name, ids, delta["add_item_ids"])
         replaced.update(_set_tensors(metadata, sets, values.get("dense_boundaries")))
@@ -323,7 +326,9 @@ def _stage(source: str, staging: str, tensors: dict, source_version: int, check:
         if tuple(value.shape) != tuple(specs[key][1]):
             raise ValueError(f"{key}: the new catalogue's tensor has shape {value.shape}, the "
                              f"served graph {specs[key][1]}")  # fmt: skip
-        replaced[key] = value.astype(dtype, copy=False)
+        if not np.can_cast(value.dtype, dtype, "safe"):
+            raise ValueError(f"{key}: the new value is {value.dtype}, the tensor {dtype}")
+        replaced[key] = value  # cast a chunk at a time as it is written
     shutil.copytree(source, staging, ignore=_top_level("variables", _FINGERPRINT))
     os.makedirs(os.path.join(staging, "variables"))
     checkpoint_patch.replace_tensors(prefix, _prefix(staging), replaced)
@@ -340,9 +345,11 @@ def _stage(source: str, staging: str, tensors: dict, source_version: int, check:
         new = _prefix(staging)
         if checkpoint_patch.tensor_specs(new) != specs:
             raise ValueError("The updated checkpoint does not hold the source's tensors")
-        for key, value in checkpoint_patch.read_tensors(new, replaced).items():
+        for key in replaced:  # one tensor at a time: no second copy of the index
+            (value,) = checkpoint_patch.read_tensors(new, [key]).values()
             if not np.array_equal(value, replaced[key]):
                 raise ValueError(f"The updated checkpoint reads back {key} differently")
+            del value
 
 
 def _update_entry(metadata: dict, path: str) -> dict:

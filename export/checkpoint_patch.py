@@ -26,13 +26,16 @@ import shutil
 import struct
 from typing import Mapping
 
+import google_crc32c
 import numpy as np
 
+from static_keras.index.tfrecord import mask_crc32c
 from static_keras.index.tfrecord import masked_crc32c
 
 _MAGIC = 0xDB4775248B80FB57
 _FOOTER_BYTES = 48  # two block handles padded to 20 bytes each, then the magic
 _RESTART_INTERVAL = 16
+_CHUNK = 1 << 22  # elements written per chunk
 
 
 def replace_tensors(
@@ -50,14 +53,10 @@ def replace_tensors(
     if missing:
         raise ValueError(f"{source_prefix} has no tensors {missing}")
 
-    # The replaced values, in key order, as one new shard.
-    chunks, offset = [], 0
-    for key in sorted(tensors):
-        entry = entries[key]
-        data = _tensor_bytes(key, entry, tensors[key])
-        entry.update(offset=offset, size=len(data), crc32c=masked_crc32c(data), shard_id=-1)
-        chunks.append(data)
-        offset += len(data)
+    # The replaced values, in key order, as one new shard (written below).
+    for key in tensors:
+        _check_value(key, entries[key], tensors[key])
+        entries[key]["shard_id"] = -1  # the new shard's
 
     # Shards some unchanged tensor still reads keep their order; the new one goes last.
     kept = sorted({e["shard_id"] for e in entries.values() if e["shard_id"] >= 0})
@@ -69,9 +68,12 @@ def replace_tensors(
         _link_or_copy(
             _shard(source_prefix, old, header["num_shards"]), _shard(target_prefix, new, shards)
         )
+    offset = 0
     with open(_shard(target_prefix, shards - 1, shards), "wb") as file:
-        for data in chunks:
-            file.write(data)
+        for key in sorted(tensors):
+            size, crc = _write_tensor(file, key, entries[key], tensors[key])
+            entries[key].update(offset=offset, size=size, crc32c=crc)
+            offset += size
     header["num_shards"] = shards
     table = _table(
         [(b"", _header_bytes(header))]
@@ -137,15 +139,31 @@ def _numpy_dtype(key: str, entry: dict) -> np.dtype:
     return np.dtype(dtype).newbyteorder("<")
 
 
-def _tensor_bytes(key: str, entry: dict, value) -> bytes:
+def _check_value(key: str, entry: dict, value) -> None:
+    """ValueError unless `value` has the tensor's shape and a dtype that
+    casts to the tensor's without loss (uint16 tokens to an int32 tensor)."""
     dtype = _numpy_dtype(key, entry)
     value = np.asarray(value)
-    if value.shape != entry["shape"] or value.dtype != dtype:
+    if value.shape != tuple(entry["shape"]) or not np.can_cast(value.dtype, dtype, "safe"):
         raise ValueError(
             f"{key}: the checkpoint holds {dtype.name} {entry['shape']}; the new value is "
             f"{value.dtype} {value.shape}"
         )
-    return np.ascontiguousarray(value).astype(dtype, copy=False).tobytes()
+
+
+def _write_tensor(file, key: str, entry: dict, value) -> tuple[int, int]:
+    """Writes `value` in the tensor's dtype, a chunk at a time (no copy of
+    the whole tensor as bytes): `(bytes written, masked CRC-32C)`."""
+    dtype = _numpy_dtype(key, entry)
+    flat = np.ascontiguousarray(value).reshape(-1)
+    crc, size = 0, 0
+    for start in range(0, max(flat.size, 1), _CHUNK):
+        # 16 MB of bytes at a time (the CRC's C extension takes bytes only)
+        data = flat[start : start + _CHUNK].astype(dtype, copy=False).tobytes()
+        crc = google_crc32c.extend(crc, data)
+        file.write(data)
+        size += len(data)
+    return size, mask_crc32c(crc)
 
 
 def _shard(prefix: str, index: int, count: int) -> str:

@@ -14,6 +14,7 @@ import pytest
 
 from static_keras import StaticIndex
 from static_keras.index.catalogue_delta import apply_delta
+from static_keras.index.catalogue_delta import apply_delta_with_member_map
 from static_keras.index.catalogue_delta import leaf_columns
 from static_keras.index.headroom import CapacityError
 
@@ -70,8 +71,9 @@ def test_random_deltas_equal_the_full_build(dense_levels, room):
         if trial % 3 == 2 and remove.size and len(added):  # a removed item re-added
             new_ids[0] = ids[remove[0]]
         try:
-            got = apply_delta(served, add_sequences=added, add_item_ids=new_ids,
-                              remove_item_ids=ids[remove])  # fmt: skip
+            got, old_members, new_members = apply_delta_with_member_map(
+                served, add_sequences=added, add_item_ids=new_ids, remove_item_ids=ids[remove]
+            )
         except CapacityError:
             assert room > 0
             continue
@@ -79,6 +81,11 @@ def test_random_deltas_equal_the_full_build(dense_levels, room):
                        np.concatenate([ids[keep], new_ids]), dense_levels)  # fmt: skip
         if room:
             assert got.layout.graph_shape() == served.layout.graph_shape()
+        # The member map: each kept served member and where it went.
+        leaf = "leaf_item_ids"
+        np.testing.assert_array_equal(got.arrays[leaf][new_members],
+                                      served.arrays[leaf][old_members])  # fmt: skip
+        assert old_members.size == keep.size
 
 
 def test_duplicate_semantic_ids_follow_the_build_policy():

@@ -186,3 +186,64 @@ def test_the_command_line_job_imports_neither_tensorflow_nor_keras(catalogue_mod
     served = read_served_index(base / "2")
     assert served.num_sequences == len(rows) - len(gone) + len(added)
     assert tf.saved_model.load(str(base / "2")).signatures  # loads
+
+
+def _items(path, name):
+    sets = read_eligibility(path)
+    members = np.flatnonzero(sets.contains(sets.set_id(name), np.arange(sets.num_members)))
+    return np.sort(sets.catalogue.item_ids[members])
+
+
+def test_a_rule_landing_during_the_delta_job_is_kept(catalogue_model, tmp_path, monkeypatch):
+    """The delta job pauses where it writes its checkpoint; a rules job
+    publishes first. The delta rebases: its version holds the rule too."""
+    from static_keras.export import checkpoint_patch
+
+    rows, ids, _, _, model = catalogue_model
+    base = tmp_path / "recs"
+    publish(model, base, warmup_batch_sizes=(1,))
+    gone, added, new_ids = a_delta(rows, ids, 3)
+    rule = np.setdiff1d(ids[:30], ids[gone])
+    real, paused = checkpoint_patch.replace_tensors, []
+
+    def rules_job_first(*args, **kwargs):
+        if not paused:
+            paused.append(True)
+            assert refresh_eligibility(base, {"fr": rule}).version == 2
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_patch, "replace_tensors", rules_job_first)
+    info = update_catalogue(base, add_sequences=added, add_item_ids=new_ids,
+                            remove_item_ids=ids[gone])  # fmt: skip
+    assert (info.version, info.rebased_onto) == (3, (2,))
+    np.testing.assert_array_equal(_items(base / "3", "fr"), np.sort(rule))
+    served = read_served_index(base / "3")
+    assert set(served.lookup_item_ids(added).tolist()) == set(new_ids.tolist())
+
+
+def test_a_delta_landing_during_a_rules_job_is_kept(catalogue_model, tmp_path, monkeypatch):
+    """The rules job pauses where it writes its checkpoint; the delta
+    publishes first. The rules job rebases onto the new catalogue."""
+    from static_keras.export import checkpoint_patch
+
+    rows, ids, _, _, model = catalogue_model
+    base = tmp_path / "recs"
+    publish(model, base, warmup_batch_sizes=(1,))
+    gone, added, new_ids = a_delta(rows, ids, 4)
+    real, paused = checkpoint_patch.replace_tensors, []
+
+    def delta_first(*args, **kwargs):
+        if not paused:
+            paused.append(True)
+            update_catalogue(base, add_sequences=added, add_item_ids=new_ids,
+                             remove_item_ids=ids[gone])  # fmt: skip
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_patch, "replace_tensors", delta_first)
+    info = refresh_eligibility(base, {"fr": ids[:30]})
+    assert (info.version, info.rebased_onto) == (3, (2,))
+    # The rule over the new catalogue: removed items dropped out.
+    np.testing.assert_array_equal(_items(base / "3", "fr"), np.sort(np.setdiff1d(ids[:30],
+                                                                                ids[gone])))  # fmt: skip
+    served = read_served_index(base / "3")
+    assert served.num_sequences == len(rows) - len(gone) + len(added)

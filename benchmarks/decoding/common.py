@@ -300,7 +300,16 @@ def read_csv(path: str) -> list[dict]:
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process (Linux: ru_maxrss is in KiB)."""
+    """Peak resident set size of this process: Linux's VmHWM, which starts
+    afresh at exec (`ru_maxrss` keeps the parent's peak across fork and
+    exec, so a small job started by a large benchmark reads the parent's)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
 
     scale = 1 if sys.platform == "darwin" else 1024

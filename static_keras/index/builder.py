@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from static_keras.index import headroom as headroom_layouts
 from static_keras.index.input_checks import check_duplicate_policy
 from static_keras.index.input_checks import validate_item_ids
 from static_keras.index.input_checks import validate_sequences
@@ -139,6 +140,7 @@ def build_arrays(
     on_duplicate_item: str = "error",
     dense_budget_bytes: int = DEFAULT_DENSE_BUDGET_BYTES,
     progress=None,
+    headroom: float = 0.0,
 ) -> tuple[IndexLayout, dict[str, np.ndarray]]:
     """Builds the layout and arrays of a `StaticIndex` (see its `build`).
 
@@ -158,8 +160,9 @@ def build_arrays(
     )
     del seqs
     return arrays_from_sorted(
-        sorted_cols, lcp, leaf_item_ids, vocab_size, dense_levels, dense_budget_bytes, report
-    )
+        sorted_cols, lcp, leaf_item_ids, vocab_size, dense_levels, dense_budget_bytes, report,
+        headroom=headroom,
+    )  # fmt: skip
 
 
 def arrays_from_sorted(
@@ -170,10 +173,19 @@ def arrays_from_sorted(
     dense_levels,
     dense_budget_bytes: int,
     progress=None,
+    *,
+    headroom: float = 0.0,
+    capacity: IndexLayout | None = None,
 ) -> tuple[IndexLayout, dict[str, np.ndarray]]:
     """The layout and arrays of the sorted distinct rows `sorted_cols` (one
     array per position) with their `lcp` (`sort_unique`): the build after
-    its sort, which a catalogue delta reuses (`catalogue_delta`)."""
+    its sort, which a catalogue delta reuses (`catalogue_delta`).
+
+    The arrays are written straight into a layout with headroom when one
+    is asked for: `headroom` (capacities that share above these rows) or
+    `capacity` (a served layout's; `headroom.CapacityError` when the rows
+    exceed it), with no exact copy first (`static_keras.index.headroom`).
+    """
     report = progress or (lambda stage, fraction: None)
     length = len(sorted_cols)
     level_sizes = count_levels(lcp, length)
@@ -197,10 +209,18 @@ def arrays_from_sorted(
         step_widths=step_widths,
         has_item_ids=leaf_item_ids is not None,
     )
+    if capacity is not None:
+        layout = headroom_layouts.fitted_layout(capacity, layout)
+    elif headroom:
+        layout = headroom_layouts.capacity_layout(layout, headroom)
+    padded = layout.has_headroom
 
     # Pass 2: child tokens of every tail state in state order, and CSR row
-    # pointers (absolute tail edge numbers) for levels that branch.
-    tokens = np.empty(layout.num_tail_edges, dtype=token_dtype(vocab_size))
+    # pointers (absolute tail edge numbers) for levels that branch. With
+    # headroom the slots past the used ones stay zero, and padded rows are
+    # empty, past the level's used edges: unreachable.
+    make = np.zeros if padded else np.empty
+    tokens = make(layout.num_tail_edges, dtype=token_dtype(vocab_size))
     # Every branching level fills its rows; with none, one zero pads the array.
     indptr = np.zeros(1, dtype=layout.indptr_dtype)
     if layout.num_indptr:
@@ -210,14 +230,22 @@ def arrays_from_sorted(
         tokens[edge0 : edge0 + level_sizes[t + 1]] = sorted_cols[t][lcp <= t]
         if t in layout.indptr_offsets:
             row0 = layout.indptr_offsets[t]
-            rows = indptr[row0 : row0 + level_sizes[t] + 1]
-            rows[:-1] = _parent_starts(lcp, t)
-            rows[:-1] += edge0
-            rows[-1] = edge0 + level_sizes[t + 1]
+            rows = indptr[row0 : row0 + layout.level_sizes[t] + 1]
+            used = level_sizes[t]
+            if step_widths[t] > 1 or not padded:
+                rows[:used] = _parent_starts(lcp, t)
+                rows[:used] += edge0
+            else:  # one child per state: state i's edge is edge i
+                rows[:used] = np.arange(edge0, edge0 + used, dtype=rows.dtype)
+            rows[used:] = edge0 + level_sizes[t + 1]
         report(f"level {t + 1}/{length}", 0.75 + 0.25 * (t + 1) / length)
     arrays["tokens"] = tokens if tokens.size else np.zeros(1, tokens.dtype)
     arrays["indptr"] = indptr
     if leaf_item_ids is not None:
+        if padded:
+            ids = np.full(layout.num_members, -1, np.int64)
+            ids[: leaf_item_ids.size] = leaf_item_ids
+            leaf_item_ids = ids
         arrays["leaf_item_ids"] = leaf_item_ids
     return layout, arrays
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import numpy as np
 
 from static_keras.index import builder
-from static_keras.index import headroom
 from static_keras.index import member_ranges
 from static_keras.index import tree_walk
 from static_keras.index.input_checks import check_duplicate_policy
@@ -72,6 +71,27 @@ def apply_delta(
     Raises:
         ValueError: naming the argument and the first offending ids.
     """
+    delta = dict(add_sequences=add_sequences, add_item_ids=add_item_ids,
+                 remove_item_ids=remove_item_ids, on_duplicate_item=on_duplicate_item,
+                 catalogue=catalogue)  # fmt: skip
+    return apply_delta_with_member_map(index, **delta)[0]
+
+
+def apply_delta_with_member_map(
+    index: StaticIndex,
+    *,
+    add_sequences=None,
+    add_item_ids=None,
+    remove_item_ids=None,
+    on_duplicate_item: str = "error",
+    catalogue: MemberCatalogue | None = None,
+) -> tuple[StaticIndex, np.ndarray, np.ndarray]:
+    """`apply_delta`, and where the kept members went: `(new index,
+    old_members, new_members)`, int64, served member `old_members[i]` is
+    member `new_members[i]` of the new index (what carries eligibility sets
+    over without a search by item id). It drops its reference to `index`
+    once its rows are read, so a caller that keeps none frees the served
+    arrays before the new ones are built."""
     layout = index.layout
     if not layout.has_item_ids:
         raise ValueError(
@@ -132,24 +152,27 @@ def apply_delta(
             gone[member[kept_same]] = True
 
     # Merge: the kept served rows, the added rows at their positions.
-    served_columns = leaf_columns(index)
     kept = np.flatnonzero(~gone)
+    if not kept.size and not ids.size:
+        raise ValueError("The delta removes every item: an index needs at least one")
     shift = np.cumsum(gone)  # removed leaves before each position
     at = position - np.concatenate([[0], shift])[position]
-    merged = [np.insert(column[kept], at, adds[:, t].astype(column.dtype))
-              for t, column in enumerate(served_columns)]  # fmt: skip
-    del served_columns
     leaf_ids = index.arrays["leaf_item_ids"][: layout.num_sequences]
     merged_ids = np.insert(leaf_ids[kept], at, ids)
-    if not merged_ids.size:
-        raise ValueError("The delta removes every item: an index needs at least one")
+    merged = leaf_columns(index)
+    index = None  # the served arrays are read: the caller's copy is the last
+    for t, column in enumerate(merged):  # one column at a time: one extra column of memory
+        merged[t] = np.insert(column[kept], at, adds[:, t].astype(column.dtype))
+    del column
+    # Kept member k moves up by the added rows inserted at or before it.
+    new_members = np.arange(kept.size, dtype=np.int64)
+    new_members += np.searchsorted(at, new_members, side="right")
     lcp = builder._common_prefix_lengths(merged)
-    exact, arrays = builder.arrays_from_sorted(
-        merged, lcp, merged_ids, layout.vocab_size, layout.dense_levels, 0
+    capacity = layout.graph_shape() if layout.has_headroom else None
+    new_layout, arrays = builder.arrays_from_sorted(
+        merged, lcp, merged_ids, layout.vocab_size, layout.dense_levels, 0, capacity=capacity
     )
-    if layout.has_headroom:
-        return StaticIndex(*headroom.fit(layout.graph_shape(), exact, arrays))
-    return StaticIndex(exact, arrays)
+    return StaticIndex(new_layout, arrays), kept, new_members
 
 
 def leaf_columns(index: StaticIndex) -> list[np.ndarray]:
@@ -159,7 +182,9 @@ def leaf_columns(index: StaticIndex) -> list[np.ndarray]:
     used = layout.filled_level_sizes
     d, length = layout.dense_levels, layout.length
     columns: list[np.ndarray] = [None] * length
-    ancestor = np.arange(used[length], dtype=np.int64)  # local states at depth t + 1
+    # int32 while the states fit: half the memory traffic of the gathers
+    small = max(used) < np.iinfo(np.int32).max
+    ancestor = np.arange(used[length], dtype=np.int32 if small else np.int64)  # depth t + 1
     for t in range(length - 1, d - 1, -1):
         columns[t] = arrays["tokens"][layout.edge_offsets[t] + ancestor]
         ancestor = _parents(layout, arrays, t)[ancestor]
@@ -173,13 +198,14 @@ def leaf_columns(index: StaticIndex) -> list[np.ndarray]:
 
 
 def _parents(layout, arrays, t: int) -> np.ndarray:
-    """int64 `[used states at depth t + 1]`: each one's parent at depth t (local)."""
+    """`[used states at depth t + 1]`: each one's parent at depth t (local)."""
     used = layout.filled_level_sizes
+    dtype = np.int32 if max(used) < np.iinfo(np.int32).max else np.int64
     if t not in layout.indptr_offsets:
-        return np.arange(used[t + 1], dtype=np.int64)
+        return np.arange(used[t + 1], dtype=dtype)
     row0 = layout.indptr_offsets[t]
     counts = np.diff(arrays["indptr"][row0 : row0 + used[t] + 1])
-    return np.repeat(np.arange(used[t], dtype=np.int64), counts)
+    return np.repeat(np.arange(used[t], dtype=dtype), counts)
 
 
 def _locate(index: StaticIndex, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -195,9 +221,15 @@ def _locate(index: StaticIndex, rows: np.ndarray) -> tuple[np.ndarray, np.ndarra
         for t in range(d):
             code = code * vocab + rows[:, t]
         tail = arrays["dense_states"][code].astype(np.int64)
-        outside = tail < 0
-        if outside.any():  # before the members of the next code present
-            position[outside] = _depth_d_first_members(layout, arrays)[code[outside]]
+        outside = np.flatnonzero(tail < 0)
+        if outside.size:  # before the members of the next code present
+            valid = arrays["dense_states"] >= 0
+            codes = code[outside]
+            # The first depth-d state at or after a code: the valid codes before it.
+            first_state = np.cumsum(valid)[codes] - valid[codes]
+            depth = np.full(outside.size, d, np.int64)
+            position[outside] = member_ranges.first_tail_members(layout, arrays, first_state,
+                                                                 depth)  # fmt: skip
     for t in range(d, layout.length):
         inside = np.flatnonzero(tail >= 0)
         if not inside.size:
@@ -219,18 +251,6 @@ def _locate(index: StaticIndex, rows: np.ndarray) -> tuple[np.ndarray, np.ndarra
     member = np.where(found, tail - layout.leaf_offset, -1)
     position[found] = member[found]
     return position, member
-
-
-def _depth_d_first_members(layout, arrays) -> np.ndarray:
-    """int64 `[V**d + 1]`: the first member whose first d tokens, as a code,
-    are `>= c`, for every code c (then `num_sequences`)."""
-    valid = arrays["dense_states"] >= 0
-    first_state = np.zeros(valid.size + 1, np.int64)
-    np.cumsum(valid, out=first_state[1:])
-    states = np.arange(first_state[-1] + 1, dtype=np.int64)
-    depth = np.full(states.size, layout.dense_levels, np.int64)
-    firsts = member_ranges.first_tail_members(layout, arrays, states, depth)
-    return firsts[first_state]
 
 
 def _lower_bound(tokens, start, end, target) -> np.ndarray:

@@ -210,8 +210,15 @@ class EligibilitySets:
                 "EligibilitySets.build(new_index, {name: item ids})"
             )
         here, there = self.catalogue.shared_members(catalogue)
-        bits = self.contains(np.arange(self.num_sets)[:, None], here[None, :])  # [S, shared]
-        members = [there[row] for row in bits]
+        return self.moved(here, there, catalogue)
+
+    def moved(self, here, there, catalogue: MemberCatalogue) -> "EligibilitySets":
+        """The same sets over `catalogue`, where member `here[i]` of this
+        catalogue is member `there[i]` of the new one (the others are in no
+        set): what `carried_over` finds by item id, and what a catalogue
+        delta knows from its merge (`apply_delta_with_member_map`)."""
+        bits = self.contains(np.arange(self.num_sets)[:, None], np.asarray(here)[None, :])
+        members = [np.asarray(there)[row] for row in bits]
         words, directory = eligibility_bits.pack_sets(members, catalogue.num_members)
         return type(self)(self._names, words, directory, catalogue)
 

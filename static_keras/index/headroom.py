@@ -86,11 +86,9 @@ def misfits(capacity: IndexLayout, exact: IndexLayout) -> list[str]:
     return problems
 
 
-def fit(capacity: IndexLayout, exact: IndexLayout, arrays: dict) -> tuple[IndexLayout, dict]:
-    """`(layout, arrays)` of the exact index `(exact, arrays)` laid out in the
-    capacities of `capacity`. CapacityError naming every capacity it exceeds."""
-    if exact.has_headroom:
-        raise ValueError("`fit` takes an index without headroom")
+def fitted_layout(capacity: IndexLayout, exact: IndexLayout) -> IndexLayout:
+    """`capacity` holding the used sizes of `exact` (an index without
+    headroom). CapacityError naming every capacity it exceeds."""
     problems = misfits(capacity, exact)
     if problems:
         raise CapacityError(
@@ -98,7 +96,15 @@ def fit(capacity: IndexLayout, exact: IndexLayout, arrays: dict) -> tuple[IndexL
             + "; ".join(problems)
             + ". Publish it in full (`publish`) with more headroom"
         )
-    layout = IndexLayout.create(**{**capacity.to_config(), "used_level_sizes": exact.level_sizes})
+    return IndexLayout.create(**{**capacity.to_config(), "used_level_sizes": exact.level_sizes})
+
+
+def fit(capacity: IndexLayout, exact: IndexLayout, arrays: dict) -> tuple[IndexLayout, dict]:
+    """`(layout, arrays)` of the exact index `(exact, arrays)` laid out in the
+    capacities of `capacity`. CapacityError naming every capacity it exceeds."""
+    if exact.has_headroom:
+        raise ValueError("`fit` takes an index without headroom")
+    layout = fitted_layout(capacity, exact)
     shapes = layout.array_shapes()
     out = {
         "dense_masks": arrays["dense_masks"],

@@ -10,7 +10,6 @@ from static_keras.index.automaton import TokenAutomaton
 from static_keras.index.builder import DEFAULT_DENSE_BUDGET_BYTES
 from static_keras.index.builder import build_arrays
 from static_keras.index.headroom import check_headroom
-from static_keras.index.headroom import with_headroom
 from static_keras.index.layout import IndexLayout
 
 
@@ -105,8 +104,9 @@ class StaticIndex(TokenAutomaton):
             on_duplicate_item=on_duplicate_item,
             dense_budget_bytes=dense_budget_bytes,
             progress=progress,
+            headroom=headroom,
         )
-        return cls(*with_headroom(layout, arrays, headroom))
+        return cls(layout, arrays)
 
     # Properties --------------------------------------------------------------
 

@@ -19,7 +19,11 @@ _MASK_DELTA = 0xA282EAD8
 
 def masked_crc32c(data: bytes) -> int:
     """LevelDB's and TensorFlow's masked CRC-32C of `data`."""
-    value = google_crc32c.value(data)
+    return mask_crc32c(google_crc32c.value(data))
+
+
+def mask_crc32c(value: int) -> int:
+    """The masked form of a CRC-32C (`google_crc32c.value` / `.extend`)."""
     return (((value >> 15) | (value << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
