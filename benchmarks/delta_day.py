@@ -148,8 +148,9 @@ def run(args) -> list[dict]:
             MODEL, {"history": contexts, "set_id": set_ids, "excluded_item_ids": excluded},
             signature="serving_eligible",
         )["item_ids"]  # fmt: skip
-        equal = np.array_equal(got_plain, want_plain) and np.array_equal(got_restricted,
-                                                                        want_restricted)
+        equal = np.array_equal(got_plain, want_plain) and np.array_equal(
+            got_restricted, want_restricted
+        )
         last_rss = out[-1]["server_rss_mib"]
         out.append({"delta": "full_build_equal", "items": len(ids), "job_s": None,
                     "swap_s": None, "server_rss_mib": None,

@@ -15,7 +15,6 @@ import pytest
 from static_keras import StaticIndex
 from static_keras.index.catalogue_delta import apply_delta
 from static_keras.index.catalogue_delta import apply_delta_with_member_map
-from static_keras.index.catalogue_delta import leaf_columns
 from static_keras.index.headroom import CapacityError
 
 VOCAB, LENGTH = 6, 4
@@ -33,7 +32,6 @@ def same_catalogue(got: StaticIndex, rows, ids, dense_levels):
     assert got.num_sequences == want.num_sequences
     np.testing.assert_array_equal(got.sequences(), want.sequences())
     np.testing.assert_array_equal(got.lookup_item_ids(rows), ids)
-    np.testing.assert_array_equal(np.stack(leaf_columns(got), 1), want.sequences())
     if not got.layout.has_headroom:
         assert got.layout == want.layout
         for name, array in want.arrays.items():
@@ -45,7 +43,7 @@ def same_catalogue(got: StaticIndex, rows, ids, dense_levels):
 @pytest.mark.parametrize("room", [0.0, 0.5])
 def test_random_deltas_equal_the_full_build(dense_levels, room):
     rng = np.random.default_rng([dense_levels, int(room * 10)])
-    for trial in range(12):
+    for trial in range(30):
         rows, ids = catalogue(rng, int(rng.integers(5, 120)))
         served = StaticIndex.build(rows, VOCAB, item_ids=ids, dense_levels=dense_levels,
                                    headroom=room)  # fmt: skip

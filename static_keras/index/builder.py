@@ -159,14 +159,17 @@ def build_arrays(
         seqs, vocab_size, item_ids, on_duplicate_item, progress=report
     )
     del seqs
-    return arrays_from_sorted(
-        sorted_cols, lcp, leaf_item_ids, vocab_size, dense_levels, dense_budget_bytes, report,
+    # The child tokens of each level: the rows that open a node there.
+    level_tokens = [column[lcp <= t] for t, column in enumerate(sorted_cols)]
+    del sorted_cols
+    return arrays_from_levels(
+        level_tokens, lcp, leaf_item_ids, vocab_size, dense_levels, dense_budget_bytes, report,
         headroom=headroom,
     )  # fmt: skip
 
 
-def arrays_from_sorted(
-    sorted_cols,
+def arrays_from_levels(
+    level_tokens,
     lcp,
     leaf_item_ids,
     vocab_size: int,
@@ -177,9 +180,11 @@ def arrays_from_sorted(
     headroom: float = 0.0,
     capacity: IndexLayout | None = None,
 ) -> tuple[IndexLayout, dict[str, np.ndarray]]:
-    """The layout and arrays of the sorted distinct rows `sorted_cols` (one
-    array per position) with their `lcp` (`sort_unique`): the build after
-    its sort, which a catalogue delta reuses (`catalogue_delta`).
+    """The layout and arrays of a trie given level by level: `lcp` of its
+    sorted distinct rows (`sort_unique`) and `level_tokens[t]`, the last
+    token of each node of depth `t + 1` in order (the tokens of the rows
+    that open one: `lcp <= t`). The build after its sort, which a catalogue
+    delta reuses without rows (`catalogue_delta` merges levels).
 
     The arrays are written straight into a layout with headroom when one
     is asked for: `headroom` (capacities that share above these rows) or
@@ -187,7 +192,7 @@ def arrays_from_sorted(
     exceed it), with no exact copy first (`static_keras.index.headroom`).
     """
     report = progress or (lambda stage, fraction: None)
-    length = len(sorted_cols)
+    length = len(level_tokens)
     level_sizes = count_levels(lcp, length)
     d = resolve_dense_levels(dense_levels, vocab_size, level_sizes, dense_budget_bytes)
 
@@ -200,7 +205,7 @@ def arrays_from_sorted(
 
     report("widths", 0.7)
     arrays: dict[str, np.ndarray] = {}
-    arrays["dense_masks"], arrays["dense_states"] = _dense_head(sorted_cols, lcp, vocab_size, d)
+    arrays["dense_masks"], arrays["dense_states"] = _dense_head(level_tokens, lcp, vocab_size, d)
     layout = IndexLayout.create(
         vocab_size=vocab_size,
         length=length,
@@ -227,7 +232,7 @@ def arrays_from_sorted(
         indptr = np.empty(layout.num_indptr, dtype=layout.indptr_dtype)
     for t in range(d, length):
         edge0 = layout.edge_offsets[t]
-        tokens[edge0 : edge0 + level_sizes[t + 1]] = sorted_cols[t][lcp <= t]
+        tokens[edge0 : edge0 + level_sizes[t + 1]] = level_tokens[t]
         if t in layout.indptr_offsets:
             row0 = layout.indptr_offsets[t]
             rows = indptr[row0 : row0 + layout.level_sizes[t] + 1]
@@ -332,26 +337,28 @@ def _leaf_item_ids(sorted_ids: np.ndarray, unique: np.ndarray, policy: str) -> n
     return first
 
 
-def _dense_head(sorted_cols, lcp, vocab_size: int, d: int):
-    """Bit-packed masks for steps `< d` and the state map after `d` tokens."""
+def _dense_head(level_tokens, lcp, vocab_size: int, d: int):
+    """Bit-packed masks for steps `< d` and the state map after `d` tokens,
+    from the nodes of each dense depth (their codes: parent code * V + token)."""
     words = dense_mask_words(vocab_size)
     num_rows = sum(vocab_size**t for t in range(d))
     masks = np.zeros((max(num_rows, 1), words), dtype=np.uint32)
     states = np.full(max(vocab_size**d if d else 0, 1), -1, dtype=np.int32)
     if d == 0:
         return masks.view(np.int32), states
-    code = np.zeros(lcp.size, dtype=np.int64)  # prefix as a base-V number
+    codes = np.zeros(1, dtype=np.int64)  # the root's code
     row0 = 0
     for t in range(d):
-        opens_child = lcp <= t
-        parents = code[opens_child]
-        tokens = sorted_cols[t][opens_child].astype(np.int64)
+        # Depth-(t+1) nodes start where lcp <= t; a first child also starts
+        # its parent (lcp <= t - 1), so the parent of each is a count.
+        first_child = lcp[lcp <= t] <= t - 1
+        parents = codes[np.cumsum(first_child) - 1]
+        tokens = level_tokens[t].astype(np.int64)
         bits = np.zeros((vocab_size**t, words * 32), dtype=bool)
         bits[parents, tokens] = True
         packed = np.packbits(bits, axis=1, bitorder="little")
         masks[row0 : row0 + vocab_size**t] = packed.view("<u4")
         row0 += vocab_size**t
-        code = code * vocab_size + sorted_cols[t]
-    opens_node = lcp <= d - 1
-    states[code[opens_node]] = np.arange(int(np.count_nonzero(opens_node)), dtype=np.int32)
+        codes = parents * vocab_size + tokens
+    states[codes] = np.arange(codes.size, dtype=np.int32)
     return masks.view(np.int32), states

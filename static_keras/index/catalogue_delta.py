@@ -27,7 +27,6 @@ from __future__ import annotations
 import numpy as np
 
 from static_keras.index import builder
-from static_keras.index import member_ranges
 from static_keras.index import tree_walk
 from static_keras.index.input_checks import check_duplicate_policy
 from static_keras.index.input_checks import validate_item_ids
@@ -134,9 +133,10 @@ def apply_delta_with_member_map(
         columns, _, ids = builder.sort_unique(adds, layout.vocab_size, add_ids, on_duplicate_item)
         adds = np.stack(columns, axis=1)
         del columns
-    position, member = _locate(index, adds)  # in the served leaf order
-    same = member >= 0
-    kept_same = same & ~gone[np.maximum(member, 0)]
+    trie = _Levels(index)
+    inside, cursor = trie.locate(adds)  # in the served leaf order
+    member = np.where(inside == layout.length, cursor[:, -1], -1)
+    kept_same = (member >= 0) & ~gone[np.maximum(member, 0)]
     if kept_same.any():
         if on_duplicate_item == "error":
             rows = np.flatnonzero(kept_same)
@@ -147,110 +147,175 @@ def apply_delta_with_member_map(
                 "`on_duplicate_item='first'` or `'last'` to keep one of them"
             )
         if on_duplicate_item == "first":
-            adds, ids, position = adds[~kept_same], ids[~kept_same], position[~kept_same]
+            keep = ~kept_same
+            adds, ids, inside, cursor = adds[keep], ids[keep], inside[keep], cursor[keep]
         else:  # "last": the added item takes the leaf
             gone[member[kept_same]] = True
 
-    # Merge: the kept served rows, the added rows at their positions.
     kept = np.flatnonzero(~gone)
     if not kept.size and not ids.size:
         raise ValueError("The delta removes every item: an index needs at least one")
-    shift = np.cumsum(gone)  # removed leaves before each position
-    at = position - np.concatenate([[0], shift])[position]
     leaf_ids = index.arrays["leaf_item_ids"][: layout.num_sequences]
-    merged_ids = np.insert(leaf_ids[kept], at, ids)
-    merged = leaf_columns(index)
-    index = None  # the served arrays are read: the caller's copy is the last
-    for t, column in enumerate(merged):  # one column at a time: one extra column of memory
-        merged[t] = np.insert(column[kept], at, adds[:, t].astype(column.dtype))
-    del column
-    # Kept member k moves up by the added rows inserted at or before it.
-    new_members = np.arange(kept.size, dtype=np.int64)
-    new_members += np.searchsorted(at, new_members, side="right")
-    lcp = builder._common_prefix_lengths(merged)
+    index = None  # what the merge needs is in `trie`; the caller's copy is the last
+    merge = _Merge(trie, gone, adds, inside, cursor)
+    level_tokens, lcp = merge.levels()
+    merged_ids = np.insert(leaf_ids[kept], merge.at, ids)
+    new_members = merge.kept_to_merged[:-1]  # where each kept member went
+    del trie, merge, leaf_ids
     capacity = layout.graph_shape() if layout.has_headroom else None
-    new_layout, arrays = builder.arrays_from_sorted(
-        merged, lcp, merged_ids, layout.vocab_size, layout.dense_levels, 0, capacity=capacity
-    )
+    new_layout, arrays = builder.arrays_from_levels(
+        level_tokens, lcp, merged_ids, layout.vocab_size, layout.dense_levels, 0,
+        capacity=capacity,
+    )  # fmt: skip
     return StaticIndex(new_layout, arrays), kept, new_members
 
 
-def leaf_columns(index: StaticIndex) -> list[np.ndarray]:
-    """The used leaves' sequences, sorted, as one array per position (the
-    index's token dtype): one gather per level, from the leaves up."""
-    layout, arrays = index.layout, index.arrays
-    used = layout.filled_level_sizes
-    d, length = layout.dense_levels, layout.length
-    columns: list[np.ndarray] = [None] * length
-    # int32 while the states fit: half the memory traffic of the gathers
-    small = max(used) < np.iinfo(np.int32).max
-    ancestor = np.arange(used[length], dtype=np.int32 if small else np.int64)  # depth t + 1
-    for t in range(length - 1, d - 1, -1):
-        columns[t] = arrays["tokens"][layout.edge_offsets[t] + ancestor]
-        ancestor = _parents(layout, arrays, t)[ancestor]
-    if d:
-        codes = np.flatnonzero(arrays["dense_states"] >= 0)[ancestor]
-        dtype = columns[-1].dtype if d < length else np.dtype(np.int32)
-        for t in range(d - 1, -1, -1):
-            codes, digit = np.divmod(codes, layout.vocab_size)
-            columns[t] = digit.astype(dtype)
-    return columns
+class _Levels:
+    """The served trie level by level. Depth u's nodes are numbered in leaf
+    order; `tokens[u]` is the last token of each, and `first_child(u, j)`
+    the first node of depth u + 1 at or after node j's children (j may be
+    one past the last: then one past the last of depth u + 1). Tail depths
+    read the CSR rows, dense depths the codes of the state map."""
+
+    def __init__(self, index: StaticIndex):
+        layout, arrays = index.layout, index.arrays
+        self.layout, self.arrays = layout, arrays
+        used = layout.filled_level_sizes
+        length, d, vocab = layout.length, layout.dense_levels, layout.vocab_size
+        # int32 where the leaves fit: half the memory traffic of each pass
+        self.dtype = np.int32 if used[length] < np.iinfo(np.int32).max else np.int64
+        self.tokens: list = [None] * (length + 1)
+        for u in range(d, length):
+            edge0 = layout.edge_offsets[u]
+            self.tokens[u + 1] = arrays["tokens"][edge0 : edge0 + used[u + 1]]
+        self.codes = [np.zeros(1, np.int64)]  # depth u <= d: the codes of its nodes, ascending
+        self.dense_children = []  # depth u < d: first child of each node (and one past)
+        if d:
+            deepest = np.flatnonzero(arrays["dense_states"] >= 0)
+            for u in range(1, d + 1):
+                prefix = deepest // vocab ** (d - u)
+                first = np.flatnonzero(np.concatenate([[True], prefix[1:] != prefix[:-1]]))
+                self.codes.append(prefix[first])
+                self.tokens[u] = (prefix[first] % vocab).astype(arrays["tokens"].dtype)
+            for u in range(d):
+                parents = self.codes[u + 1] // vocab
+                self.dense_children.append(np.searchsorted(parents, np.append(self.codes[u], -1)))
+                self.dense_children[u][-1] = parents.size
+
+    def first_child(self, u: int, nodes=None) -> np.ndarray:
+        """The first child of `nodes` of depth u (all of them and one past
+        the last when None)."""
+        layout, d = self.layout, self.layout.dense_levels
+        if u < d:
+            children = self.dense_children[u]
+            return children if nodes is None else children[nodes]
+        count = layout.filled_level_sizes[u] + 1
+        if u not in layout.indptr_offsets:  # one child per state
+            return np.arange(count, dtype=self.dtype) if nodes is None else nodes
+        row0, edge0 = layout.indptr_offsets[u], layout.edge_offsets[u]
+        rows = self.arrays["indptr"][row0 : row0 + count]
+        return rows - edge0 if nodes is None else rows[nodes] - edge0
+
+    def locate(self, rows: np.ndarray):
+        """Per added row: `inside` (the depth to which its prefix is a served
+        node) and `cursor` `[k, L + 1]`: at depths <= inside that node, past
+        them the served node it goes before (how many served nodes of the
+        depth sort before its prefix); `cursor[:, L]` is its leaf position."""
+        layout, arrays = self.layout, self.arrays
+        k, length, d, vocab = rows.shape[0], layout.length, layout.dense_levels, layout.vocab_size
+        rows = rows.astype(np.int64)
+        inside = np.zeros(k, np.int64)
+        cursor = np.zeros((k, length + 1), np.int64)
+        going = np.ones(k, bool)
+        prefix = np.zeros(k, np.int64)
+        last = arrays["tokens"].size - 1
+        for u in range(length):
+            out = np.flatnonzero(~going)  # below a new node: the first served node after it
+            cursor[out, u + 1] = self.first_child(u, cursor[out, u])
+            rows_in = np.flatnonzero(going)
+            if u < d:
+                prefix = prefix * vocab + rows[:, u]
+                codes = self.codes[u + 1]
+                at = np.searchsorted(codes, prefix[rows_in])
+                hit = at < codes.size
+                hit[hit] = codes[at[hit]] == prefix[rows_in[hit]]
+                cursor[rows_in, u + 1] = at
+            else:
+                state = layout.tail_state_offsets[u] + cursor[rows_in, u]
+                start, end = tree_walk.row_bounds(layout, arrays, state, u)
+                edge = _lower_bound(arrays["tokens"], start, end, rows[rows_in, u])
+                hit = (edge < end) & (arrays["tokens"][np.minimum(edge, last)] == rows[rows_in, u])
+                cursor[rows_in, u + 1] = edge - layout.edge_offsets[u]
+            inside[rows_in[hit]] = u + 1
+            going[rows_in[~hit]] = False
+        return inside, cursor
 
 
-def _parents(layout, arrays, t: int) -> np.ndarray:
-    """`[used states at depth t + 1]`: each one's parent at depth t (local)."""
-    used = layout.filled_level_sizes
-    dtype = np.int32 if max(used) < np.iinfo(np.int32).max else np.int64
-    if t not in layout.indptr_offsets:
-        return np.arange(used[t + 1], dtype=dtype)
-    row0 = layout.indptr_offsets[t]
-    counts = np.diff(arrays["indptr"][row0 : row0 + used[t] + 1])
-    return np.repeat(np.arange(used[t], dtype=dtype), counts)
+class _Merge:
+    """The merged trie's levels: each depth's served nodes that keep a leaf
+    or an added row, and the added rows' new nodes inserted in order.
 
+    Edits are few (a delta) and levels are long, so a depth costs a handful
+    of passes, from the leaves up: the kept leaves before each node (a
+    gather of the depth below's at its first children), a compare, a delete
+    of the dead nodes and an insert of the new ones; what the added rows
+    index is a search over them."""
 
-def _locate(index: StaticIndex, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`(position, member)` int64 per row: the number of served leaves
-    before it in sorted order, and the leaf it equals (-1: none)."""
-    layout, arrays = index.layout, index.arrays
-    n, d, vocab = rows.shape[0], layout.dense_levels, layout.vocab_size
-    rows = rows.astype(np.int64)
-    position = np.full(n, -1, np.int64)
-    tail = np.zeros(n, np.int64)  # tail state (global tail numbering) while inside
-    if d:
-        code = np.zeros(n, np.int64)
-        for t in range(d):
-            code = code * vocab + rows[:, t]
-        tail = arrays["dense_states"][code].astype(np.int64)
-        outside = np.flatnonzero(tail < 0)
-        if outside.size:  # before the members of the next code present
-            valid = arrays["dense_states"] >= 0
-            codes = code[outside]
-            # The first depth-d state at or after a code: the valid codes before it.
-            first_state = np.cumsum(valid)[codes] - valid[codes]
-            depth = np.full(outside.size, d, np.int64)
-            position[outside] = member_ranges.first_tail_members(layout, arrays, first_state,
-                                                                 depth)  # fmt: skip
-    for t in range(d, layout.length):
-        inside = np.flatnonzero(tail >= 0)
-        if not inside.size:
-            break
-        start, end = tree_walk.row_bounds(layout, arrays, tail[inside], t)
-        edge = _lower_bound(arrays["tokens"], start, end, rows[inside, t])
-        hit = (edge < end) & (
-            arrays["tokens"][np.minimum(edge, arrays["tokens"].size - 1)] == rows[inside, t]
-        )
-        # Missed: before the first member under the next sibling edge (the
-        # lower bound), which is one past the row's last for a larger token.
-        miss = inside[~hit]
-        next_state = layout.level_sizes[d] + edge[~hit]
-        depth = np.full(miss.size, t + 1, np.int64)
-        position[miss] = member_ranges.first_tail_members(layout, arrays, next_state, depth)
-        tail[miss] = -1
-        tail[inside[hit]] = layout.level_sizes[d] + edge[hit]
-    found = tail >= 0
-    member = np.where(found, tail - layout.leaf_offset, -1)
-    position[found] = member[found]
-    return position, member
+    def __init__(self, trie: _Levels, gone, adds, inside, cursor):
+        self.trie, self.adds = trie, adds
+        length, dtype = trie.layout.length, trie.dtype
+        # A row equal to a removed leaf is a new leaf on served nodes.
+        self.inside = np.minimum(inside, length - 1)
+        self.cursor = cursor
+        kept_before = np.zeros(gone.size + 1, dtype)  # kept leaves before each leaf
+        np.cumsum(~gone, out=kept_before[1:])
+        self.kept_before = kept_before
+        self.at = kept_before[cursor[:, length]].astype(np.int64)  # `np.insert` index of each row
+        self.add_leaf = self.at + np.arange(adds.shape[0])  # merged leaf of each added row
+        # The merged leaf of each kept leaf (by kept rank): its rank plus the
+        # added rows inserted at or before it.
+        kept = int(kept_before[-1])
+        inserted = np.bincount(self.at, minlength=kept + 1)[: kept + 1].astype(dtype)
+        self.kept_to_merged = np.arange(kept + 1, dtype=dtype)
+        self.kept_to_merged += np.cumsum(inserted, dtype=dtype)
+        self.add_lcp = (
+            builder._common_prefix_lengths([adds[:, t] for t in range(length)])
+            if adds.shape[0] else np.zeros(0, np.int8)
+        )  # fmt: skip
+
+    def levels(self):
+        """`(level_tokens, lcp)` of the merged trie (`arrays_from_levels`)."""
+        length = self.trie.layout.length
+        total = int(self.kept_before[-1]) + self.adds.shape[0]
+        lcp = np.full(total, length - 1, np.int8 if length < 127 else np.int32)
+        level_tokens = [None] * length
+        kept_rank = self.kept_before  # depth L: the kept leaves before each leaf
+        for u in range(length, 0, -1):  # shallower depths overwrite: the first node a leaf starts
+            level_tokens[u - 1] = self._depth(u, kept_rank, lcp)
+            kept_rank = kept_rank[self.trie.first_child(u - 1)]
+        if total:
+            lcp[0] = -1
+        return level_tokens, lcp
+
+    def _depth(self, u: int, kept_rank, lcp) -> np.ndarray:
+        """The tokens of the merged nodes of depth u (`kept_rank`: kept
+        leaves before each served node, and one past); marks their first
+        leaves in `lcp` with `u - 1`."""
+        alive = kept_rank[1:] > kept_rank[:-1]
+        passing = np.flatnonzero(self.inside >= u)  # added rows through served nodes
+        node = self.cursor[passing, u]
+        alive[node] = True
+        dead = np.flatnonzero(~alive)
+        first = self.kept_to_merged[np.delete(kept_rank[:-1], dead)]
+        if passing.size:  # an added row may come first in its node (merged leaves)
+            np.minimum.at(first, node - np.searchsorted(dead, node), self.add_leaf[passing])
+        lcp[first] = u - 1
+        opening = np.flatnonzero((self.inside < u) & (self.add_lcp < u))  # new nodes
+        lcp[self.add_leaf[opening]] = u - 1
+        where = self.cursor[opening, u]
+        where -= np.searchsorted(dead, where, side="left")
+        new_tokens = self.adds[opening, u - 1].astype(self.trie.tokens[u].dtype)
+        return np.insert(np.delete(self.trie.tokens[u], dead), where, new_tokens)
 
 
 def _lower_bound(tokens, start, end, target) -> np.ndarray:
