@@ -641,6 +641,18 @@ def _run_size(config, n, seed, stages, workdir):
                 (delta_catalogue, delta_stock),
             )  # fmt: skip
 
+            # 1,000 new items, nothing removed.
+            fresh_keys = np.sort(np.concatenate([taken, row_keys(added_rows, VOCAB)]))
+            fresh_rows, _ = distinct_ids(1000, seed + 3, taken=fresh_keys)
+            fresh_ids = int(added_ids.max()) + 1 + 2 * np.arange(1000, dtype=np.int64)
+            np.savez(add_path, semantic_ids=fresh_rows, item_ids=fresh_ids)
+            np.save(remove_path, np.zeros(0, np.int64))
+            fresh_catalogue = np.sort(np.concatenate([delta_catalogue, fresh_ids]))
+            current = _swap(
+                stages, "catalogue_add_1000", job, server, client, load, current, steady, config,
+                (fresh_catalogue, delta_stock),
+            )  # fmt: skip
+
         # Catalogue change: 1% of the items replaced by new rows and new ids.
         change = max(1, int(CHANGE * n))
         keep = np.sort(rng.permutation(n)[change:])
@@ -843,7 +855,7 @@ def _swap(stages, name, job, server, client, load, old, steady, config, allowed,
             first - (job_end - start),
             notes="job exit -> first answer by the new version (poll + load + warmup)",
         )
-    if name in ("catalogue_change", "catalogue_delta"):
+    if name in ("catalogue_change", "catalogue_delta", "catalogue_add_1000"):
         kept = report.get("eligibility_sets")
         answered = load.first_answer(new, "serving_eligible") is not None
         restricted = summary["failed"] - summary["failed_default"]

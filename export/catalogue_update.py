@@ -27,6 +27,7 @@ a full `publish` with more headroom is the remedy.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -44,7 +45,6 @@ from static_keras.export.eligibility_refresh import TABLES_ATTRIBUTE
 from static_keras.export.eligibility_refresh import _checkpoint_key
 from static_keras.export.eligibility_refresh import _prefix
 from static_keras.export.eligibility_refresh import _top_level
-from static_keras.export.eligibility_refresh import read_eligibility
 from static_keras.export.leftovers import DEFAULT_STALE_AFTER_SECONDS
 from static_keras.export.metadata import METADATA_FILENAME
 from static_keras.export.metadata import read_metadata
@@ -58,6 +58,7 @@ from static_keras.index import archive
 from static_keras.index import dense_eligibility
 from static_keras.index import dense_fields
 from static_keras.index.catalogue_delta import apply_delta_with_member_map
+from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.headroom import CapacityError
 from static_keras.index.layout import IndexLayout
 from static_keras.index.member_catalogue import MemberCatalogue
@@ -93,13 +94,37 @@ def read_served_index(saved_model_dir: str | os.PathLike) -> StaticIndex:
     checkpoint, NumPy only). ValueError for a version without headroom."""
     path = os.fspath(saved_model_dir)
     metadata = read_metadata(path)
-    info = _update_entry(metadata, path)
+    return _read_served(path, metadata, _update_entry(metadata, path), sets=False)[0]
+
+
+def _read_served(path: str, metadata: dict, info: dict, sets: bool = True):
+    """`(StaticIndex, EligibilitySets or None)` of a version, in one pass
+    over its checkpoint; the sets' catalogue takes the index's item ids (no
+    scatter of the exclusion table)."""
     layout = IndexLayout.from_config(_index_entry(metadata, info)["layout"])
     shapes = layout.array_shapes()
     keys = {name: _checkpoint_key("model_variables", info["variables"][name]) for name in shapes}
+    eligibility = metadata.get("eligibility") if sets else None
+    if eligibility:
+        roles = eligibility["variables"]
+        keys["words"] = _checkpoint_key("model_variables", roles["eligibility_words"])
+        keys["directory"] = _checkpoint_key("model_variables", roles["eligibility_directory"])
+        keys["ids"] = _checkpoint_key(TABLES_ATTRIBUTE, TABLE_IDS)
+        keys["members"] = _checkpoint_key(TABLES_ATTRIBUTE, TABLE_MEMBERS)
     tensors = checkpoint_patch.read_tensors(_prefix(path), keys.values())
-    arrays = {name: tensors[keys[name]].astype(shapes[name][1], copy=False) for name in shapes}
-    return StaticIndex(layout, arrays)
+    arrays = {name: tensors.pop(keys[name]).astype(shapes[name][1], copy=False) for name in shapes}
+    index = StaticIndex(layout, arrays)
+    if not eligibility:
+        return index, None
+    catalogue = MemberCatalogue.from_sorted(
+        tensors[keys["ids"]], tensors[keys["members"]], layout.num_members,
+        member_item_ids=arrays[layout.member_ids_array],
+    )  # fmt: skip
+    if catalogue.fingerprint != eligibility["catalogue_fingerprint"]:
+        raise ValueError(f"{path!r}: the exclusion table does not match its metadata")
+    words = tensors[keys["words"]].view(np.uint32)
+    directory = tensors[keys["directory"]].view(np.uint32)
+    return index, EligibilitySets(metadata["eligibility_sets"], words, directory, catalogue)
 
 
 def update_catalogue(
@@ -231,11 +256,17 @@ def _new_tensors(source: str, delta: dict, add_to_sets) -> dict:
     of the version at `source` with `delta` applied."""
     metadata = read_metadata(source)
     info = _update_entry(metadata, source)
-    sets = read_eligibility(source) if metadata.get("eligibility") else None
+    served, sets = _read_served(source, metadata, info)
     index, old_members, new_members = apply_delta_with_member_map(
-        read_served_index(source), catalogue=None if sets is None else sets.catalogue, **delta
-    )  # no reference to the served index stays: its arrays are freed as the merge reads them
+        served, catalogue=None if sets is None else sets.catalogue, **delta
+    )
+    del served  # no reference stays: the served arrays are freed as the merge reads them
     layout, arrays = index.layout, index.arrays
+    # The metadata's SHA-256 of the new arrays, beside the work below
+    # (hashlib releases the GIL on large buffers).
+    checksum = concurrent.futures.ThreadPoolExecutor(1)
+    index_metadata = checksum.submit(archive.metadata, StaticIndex.kind, layout, dict(arrays))
+    checksum.shutdown(wait=False)
     held = info["variables"]
     values = {name: arrays[name] for name in layout.array_shapes()}
     if dense_edge_rows.POINTERS in held:
@@ -250,7 +281,7 @@ def _new_tensors(source: str, delta: dict, add_to_sets) -> dict:
                 for name, value in values.items()}  # fmt: skip
     new_metadata = dict(metadata)
     entry = _index_entry(metadata, info)
-    entry.update(archive.metadata(StaticIndex.kind, layout, {n: arrays[n] for n in arrays}))
+    entry.update(index_metadata.result())
     sizes = {}
     added, removed = _count(delta["add_item_ids"]), _count(delta["remove_item_ids"])
     if sets is not None:
@@ -341,15 +372,11 @@ def _stage(source: str, staging: str, tensors: dict, source_version: int, check:
     metadata.pop("eligibility_refresh", None)
     with open(os.path.join(staging, "assets", METADATA_FILENAME), "w") as file:
         json.dump(metadata, file, indent=2, sort_keys=True)
-    if check:
+    if check:  # every written tensor read back against the CRC taken as it was written
         new = _prefix(staging)
         if checkpoint_patch.tensor_specs(new) != specs:
             raise ValueError("The updated checkpoint does not hold the source's tensors")
-        for key in replaced:  # one tensor at a time: no second copy of the index
-            (value,) = checkpoint_patch.read_tensors(new, [key]).values()
-            if not np.array_equal(value, replaced[key]):
-                raise ValueError(f"The updated checkpoint reads back {key} differently")
-            del value
+        checkpoint_patch.verify_tensors(new, replaced)
 
 
 def _update_entry(metadata: dict, path: str) -> dict:

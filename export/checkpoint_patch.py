@@ -103,6 +103,29 @@ def read_tensors(prefix: str, keys) -> dict[str, np.ndarray]:
     return out
 
 
+def verify_tensors(prefix: str, keys) -> None:
+    """Reads the bytes of tensors `keys` of checkpoint `prefix` back, a
+    chunk at a time, and checks each against its stored CRC-32C as
+    TensorFlow's reader does (no array is built). ValueError naming the
+    first tensor that does not match."""
+    header, entries = _read_index(prefix)
+    for key in keys:
+        entry = entries.get(key)
+        if entry is None:
+            raise ValueError(f"{prefix} has no tensor {key!r}")
+        crc, left = 0, entry["size"]
+        with open(_shard(prefix, entry["shard_id"], header["num_shards"]), "rb") as file:
+            file.seek(entry["offset"])
+            while left:
+                data = file.read(min(left, 1 << 24))
+                if not data:
+                    break
+                crc = google_crc32c.extend(crc, data)
+                left -= len(data)
+        if left or mask_crc32c(crc) != entry["crc32c"]:
+            raise ValueError(f"{prefix}: tensor {key!r} does not match its checksum (corrupt)")
+
+
 def tensor_specs(prefix: str) -> dict[str, tuple[int, tuple[int, ...]]]:
     """`{key: (TensorFlow DataType number, shape)}` of every tensor."""
     _, entries = _read_index(prefix)

@@ -15,6 +15,8 @@ for levels where some state has more than one child.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from static_keras.index import headroom as headroom_layouts
@@ -196,9 +198,14 @@ def arrays_from_levels(
     level_sizes = count_levels(lcp, length)
     d = resolve_dense_levels(dense_levels, vocab_size, level_sizes, dense_budget_bytes)
 
-    # Pass 1: the widest fan-out of each level (B_t) fixes the layout.
+    # Pass 1: the widest fan-out of each level (B_t) fixes the layout. In a
+    # served layout's capacities the tail's offsets are fixed already: its
+    # widths are taken in pass 2 from the row pointers it writes anyway.
     step_widths = []
     for t in range(length):
+        if capacity is not None and t >= d:
+            step_widths.append(capacity.step_widths[t])  # checked after pass 2
+            continue
         starts = _parent_starts(lcp, t)
         step_widths.append(int(np.diff(starts, append=level_sizes[t + 1]).max()))
         del starts
@@ -237,13 +244,19 @@ def arrays_from_levels(
             row0 = layout.indptr_offsets[t]
             rows = indptr[row0 : row0 + layout.level_sizes[t] + 1]
             used = level_sizes[t]
-            if step_widths[t] > 1 or not padded:
+            if step_widths[t] > 1 or not padded or capacity is not None:
                 rows[:used] = _parent_starts(lcp, t)
                 rows[:used] += edge0
             else:  # one child per state: state i's edge is edge i
                 rows[:used] = np.arange(edge0, edge0 + used, dtype=rows.dtype)
             rows[used:] = edge0 + level_sizes[t + 1]
+            if capacity is not None and used:
+                step_widths[t] = int(np.diff(rows[: used + 1]).max())
         report(f"level {t + 1}/{length}", 0.75 + 0.25 * (t + 1) / length)
+    if capacity is not None:  # the widths pass 2 found, against the caps
+        exact = dataclasses.replace(layout, used_level_sizes=None, level_sizes=tuple(level_sizes),
+                                    step_widths=tuple(step_widths))  # fmt: skip
+        headroom_layouts.fitted_layout(capacity, exact)
     arrays["tokens"] = tokens if tokens.size else np.zeros(1, tokens.dtype)
     arrays["indptr"] = indptr
     if leaf_item_ids is not None:

@@ -275,9 +275,10 @@ class _Merge:
         # The merged leaf of each kept leaf (by kept rank): its rank plus the
         # added rows inserted at or before it.
         kept = int(kept_before[-1])
-        inserted = np.bincount(self.at, minlength=kept + 1)[: kept + 1].astype(dtype)
-        self.kept_to_merged = np.arange(kept + 1, dtype=dtype)
-        self.kept_to_merged += np.cumsum(inserted, dtype=dtype)
+        self.kept_to_merged = np.zeros(kept + 1, dtype)
+        np.add.at(self.kept_to_merged, self.at, 1)
+        np.cumsum(self.kept_to_merged, out=self.kept_to_merged)
+        self.kept_to_merged += np.arange(kept + 1, dtype=dtype)
         self.add_lcp = (
             builder._common_prefix_lengths([adds[:, t] for t in range(length)])
             if adds.shape[0] else np.zeros(0, np.int8)

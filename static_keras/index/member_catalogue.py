@@ -81,10 +81,17 @@ class MemberCatalogue:
 
     @classmethod
     def from_sorted(
-        cls, sorted_ids, sorted_members, num_members: int, *, has_item_ids: bool = True
+        cls,
+        sorted_ids,
+        sorted_members,
+        num_members: int,
+        *,
+        has_item_ids: bool = True,
+        member_item_ids=None,
     ) -> "MemberCatalogue":
         """The catalogue from its ids sorted ascending and the member of each
-        (a served version's exclusion table): no sort, one scatter."""
+        (a served version's exclusion table): no sort, one scatter (none
+        when `member_item_ids`, the same ids in member order, are at hand)."""
         sorted_ids = _item_id_array(sorted_ids, "sorted_ids")
         sorted_members = np.asarray(sorted_members, np.int64)
         if sorted_ids.shape != (num_members,) or sorted_members.shape != (num_members,):
@@ -94,8 +101,13 @@ class MemberCatalogue:
             )
         if num_members and np.any(sorted_ids[1:] < sorted_ids[:-1]):
             raise ValueError("`sorted_ids` must be sorted ascending")
-        ids = np.full(num_members, -1, np.int64)
-        ids[sorted_members] = sorted_ids
+        if member_item_ids is not None:
+            ids = _item_id_array(member_item_ids, "member_item_ids")
+            if ids.shape != (num_members,):
+                raise ValueError(f"`member_item_ids` must have shape ({num_members},)")
+        else:
+            ids = np.full(num_members, -1, np.int64)
+            ids[sorted_members] = sorted_ids
         catalogue = cls.__new__(cls)
         catalogue.num_members = int(num_members)
         catalogue._table = None
