@@ -57,6 +57,7 @@ from static_keras.export.version_lock import check_base_path
 from static_keras.index import archive
 from static_keras.index import dense_eligibility
 from static_keras.index import dense_fields
+from static_keras.index import eligibility_bits
 from static_keras.index.catalogue_delta import apply_delta_with_member_map
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.headroom import CapacityError
@@ -111,8 +112,11 @@ def _read_served(path: str, metadata: dict, info: dict, sets: bool = True):
         keys["directory"] = _checkpoint_key("model_variables", roles["eligibility_directory"])
         keys["ids"] = _checkpoint_key(TABLES_ATTRIBUTE, TABLE_IDS)
         keys["members"] = _checkpoint_key(TABLES_ATTRIBUTE, TABLE_MEMBERS)
-    tensors = checkpoint_patch.read_tensors(_prefix(path), keys.values())
-    arrays = {name: tensors.pop(keys[name]).astype(shapes[name][1], copy=False) for name in shapes}
+    # Each array in the layout's dtype, converted as it is read (tokens are
+    # stored as int32 where TensorFlow gathers them).
+    dtypes = {keys[name]: shapes[name][1] for name in shapes}
+    tensors = checkpoint_patch.read_tensors(_prefix(path), keys.values(), dtypes)
+    arrays = {name: tensors.pop(keys[name]) for name in shapes}
     index = StaticIndex(layout, arrays)
     if not eligibility:
         return index, None
@@ -257,10 +261,12 @@ def _new_tensors(source: str, delta: dict, add_to_sets) -> dict:
     metadata = read_metadata(source)
     info = _update_entry(metadata, source)
     served, sets = _read_served(source, metadata, info)
+    # The served arrays are freed once the merge has read them, before the
+    # new ones are built (the catalogue keeps the item ids it needs).
     index, old_members, new_members = apply_delta_with_member_map(
-        served, catalogue=None if sets is None else sets.catalogue, **delta
+        served, catalogue=None if sets is None else sets.catalogue, release_served=True, **delta
     )
-    del served  # no reference stays: the served arrays are freed as the merge reads them
+    del served
     layout, arrays = index.layout, index.arrays
     # The metadata's SHA-256 of the new arrays, beside the work below
     # (hashlib releases the GIL on large buffers).
@@ -285,8 +291,15 @@ def _new_tensors(source: str, delta: dict, add_to_sets) -> dict:
     sizes = {}
     added, removed = _count(delta["add_item_ids"]), _count(delta["remove_item_ids"])
     if sets is not None:
-        sets = sets.moved(old_members, new_members, MemberCatalogue.from_index(index))
-        del old_members, new_members
+        # Each set's kept members at their new places; the served catalogue
+        # is dropped before the new one is sorted (one at a time in memory).
+        names = sets.names
+        moved = [new_members[sets.contains(row, old_members)] for row in range(sets.num_sets)]
+        del old_members, new_members, sets
+        catalogue = MemberCatalogue.from_index(index)
+        words, directory = eligibility_bits.pack_sets(moved, catalogue.num_members)
+        sets = EligibilitySets(names, words, directory, catalogue)
+        del moved
         for name, ids in (add_to_sets or {}).items():
             sets = _joined(sets, name, ids, delta["add_item_ids"])
         replaced.update(_set_tensors(metadata, sets, values.get("dense_boundaries")))

@@ -84,9 +84,13 @@ def replace_tensors(
     return offset + len(table)
 
 
-def read_tensors(prefix: str, keys) -> dict[str, np.ndarray]:
+def read_tensors(prefix: str, keys, dtypes=None) -> dict[str, np.ndarray]:
     """The tensors `keys` of checkpoint `prefix` (read-only arrays), each
-    checked against its stored CRC-32C as TensorFlow's reader checks it."""
+    checked against its stored CRC-32C as TensorFlow's reader checks it.
+
+    `dtypes`: optional `{key: dtype}` to read a tensor as (a narrower one
+    its values fit, such as uint16 tokens stored as int32), converted a
+    chunk at a time: no full-size buffer of the stored bytes."""
     header, entries = _read_index(prefix)
     out = {}
     for key in keys:
@@ -94,13 +98,35 @@ def read_tensors(prefix: str, keys) -> dict[str, np.ndarray]:
         if entry is None:
             raise ValueError(f"{prefix} has no tensor {key!r}")
         dtype = _numpy_dtype(key, entry)
+        target = (dtypes or {}).get(key)
         with open(_shard(prefix, entry["shard_id"], header["num_shards"]), "rb") as file:
             file.seek(entry["offset"])
-            data = file.read(entry["size"])
-        if len(data) != entry["size"] or masked_crc32c(data) != entry["crc32c"]:
+            if target is None or np.dtype(target) == dtype:
+                data = file.read(entry["size"])
+                crc = google_crc32c.value(data) if len(data) == entry["size"] else None
+                value = np.frombuffer(data, dtype)
+            else:
+                value, crc = _read_converted(file, entry["size"], dtype, np.dtype(target))
+        if crc is None or mask_crc32c(crc) != entry["crc32c"]:
             raise ValueError(f"{prefix}: tensor {key!r} does not match its checksum (corrupt)")
-        out[key] = np.frombuffer(data, dtype).reshape(entry["shape"])
+        out[key] = value.reshape(entry["shape"])
     return out
+
+
+def _read_converted(file, size: int, stored: np.dtype, target: np.dtype):
+    """`(array of `target`, CRC-32C or None when short)` of `size` stored bytes."""
+    value = np.empty(size // stored.itemsize, target)
+    crc, done, step = 0, 0, _CHUNK * stored.itemsize
+    while done < size:
+        data = file.read(min(step, size - done))
+        if not data:
+            return value, None
+        crc = google_crc32c.extend(crc, data)
+        chunk = np.frombuffer(data, stored)
+        start = done // stored.itemsize
+        value[start : start + chunk.size] = chunk
+        done += len(data)
+    return value, crc
 
 
 def verify_tensors(prefix: str, keys) -> None:

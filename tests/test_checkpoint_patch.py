@@ -33,6 +33,7 @@ from static_keras.export.checkpoint_patch import _table
 from static_keras.export.checkpoint_patch import read_tensors
 from static_keras.export.checkpoint_patch import replace_tensors
 from static_keras.export.checkpoint_patch import tensor_specs
+from static_keras.export.checkpoint_patch import verify_tensors
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.member_catalogue import MemberCatalogue
 from static_keras.serving.cc_loader import compiler
@@ -131,6 +132,27 @@ def test_bad_values_and_corruption_are_refused(tmp_path):
         tf.train.load_checkpoint(target).get_tensor(KEY.format("a"))
     with pytest.raises(ValueError, match="does not match its checksum"):
         read_tensors(target, [KEY.format("a")])
+    with pytest.raises(ValueError, match="does not match its checksum"):
+        verify_tensors(target, [KEY.format("a")])
+
+
+def test_values_are_cast_and_written_a_chunk_at_a_time(tmp_path, monkeypatch):
+    """A narrower dtype that casts without loss (uint16 tokens into an int32
+    tensor) is written in the tensor's dtype, chunk by chunk, with one CRC
+    that TensorFlow's reader and `verify_tensors` accept."""
+    from static_keras.export import checkpoint_patch
+
+    monkeypatch.setattr(checkpoint_patch, "_CHUNK", 3)  # 10 values: 4 chunks
+    tf.train.Checkpoint(**_variables()).write(str(tmp_path / "x"))
+    prefix, target = str(tmp_path / "x"), str(tmp_path / "y")
+    value = np.arange(10, 20, dtype=np.uint16)
+    replace_tensors(prefix, target, {KEY.format("a"): value})
+    verify_tensors(target, [KEY.format("a")])
+    got = tf.train.load_checkpoint(target).get_tensor(KEY.format("a"))
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, value)
+    with pytest.raises(ValueError, match="the new value is float64"):
+        replace_tensors(prefix, target + "z", {KEY.format("a"): value.astype(float)})
 
 
 @pytest.mark.skipif(compiler() is None, reason="needs a C++ compiler (g++)")

@@ -84,13 +84,14 @@ def apply_delta_with_member_map(
     remove_item_ids=None,
     on_duplicate_item: str = "error",
     catalogue: MemberCatalogue | None = None,
+    release_served: bool = False,
 ) -> tuple[StaticIndex, np.ndarray, np.ndarray]:
     """`apply_delta`, and where the kept members went: `(new index,
     old_members, new_members)`, int64, served member `old_members[i]` is
     member `new_members[i]` of the new index (what carries eligibility sets
-    over without a search by item id). It drops its reference to `index`
-    once its rows are read, so a caller that keeps none frees the served
-    arrays before the new ones are built."""
+    over without a search by item id). `release_served=True` empties
+    `index` once the merge has read it (a job holding the only copy: the
+    new arrays are then built in the memory the served ones held)."""
     layout = index.layout
     if not layout.has_item_ids:
         raise ValueError(
@@ -156,12 +157,16 @@ def apply_delta_with_member_map(
     if not kept.size and not ids.size:
         raise ValueError("The delta removes every item: an index needs at least one")
     leaf_ids = index.arrays["leaf_item_ids"][: layout.num_sequences]
-    index = None  # what the merge needs is in `trie`; the caller's copy is the last
+    served = index
+    index = None
     merge = _Merge(trie, gone, adds, inside, cursor)
     level_tokens, lcp = merge.levels()
     merged_ids = np.insert(leaf_ids[kept], merge.at, ids)
     new_members = merge.kept_to_merged[:-1]  # where each kept member went
     del trie, merge, leaf_ids
+    if release_served:
+        served._arrays.clear()
+    del served
     capacity = layout.graph_shape() if layout.has_headroom else None
     new_layout, arrays = builder.arrays_from_levels(
         level_tokens, lcp, merged_ids, layout.vocab_size, layout.dense_levels, 0,

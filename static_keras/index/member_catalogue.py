@@ -93,7 +93,9 @@ class MemberCatalogue:
         (a served version's exclusion table): no sort, one scatter (none
         when `member_item_ids`, the same ids in member order, are at hand)."""
         sorted_ids = _item_id_array(sorted_ids, "sorted_ids")
-        sorted_members = np.asarray(sorted_members, np.int64)
+        sorted_members = np.asarray(sorted_members)
+        if sorted_members.dtype != np.int32:  # int32 as served: half the memory
+            sorted_members = sorted_members.astype(np.int64)
         if sorted_ids.shape != (num_members,) or sorted_members.shape != (num_members,):
             raise ValueError(
                 f"`sorted_ids` and `sorted_members` must have shape ({num_members},). "
@@ -224,6 +226,8 @@ class MemberCatalogue:
         the slots of an index with headroom) first. What a served model
         searches for a request's exclusions: its size is fixed by the
         layout, so a new catalogue within it is new values, not a new graph."""
+        if self._sorted_ids is not None:  # every member's id sorted, -1 first: the table
+            return self._sorted_ids, self._sorted_members
         ids, members = self._ascending()
         empty = self.num_members - ids.size
         if empty:
