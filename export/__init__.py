@@ -9,6 +9,7 @@ and a catalogue delta (`refresh_eligibility`, `read_eligibility`,
 """
 
 from static_keras.export.catalogue_update import CatalogueUpdateInfo
+from static_keras.export.catalogue_update import catalogue_fingerprint
 from static_keras.export.catalogue_update import read_served_index
 from static_keras.export.catalogue_update import update_catalogue
 from static_keras.export.check import CheckReport
@@ -37,6 +38,7 @@ __getattr__, __dir__ = lazy_names(__name__, _LAZY)
 __all__ = [
     "CatalogueUpdateInfo",
     "CheckReport",
+    "catalogue_fingerprint",
     "ELIGIBLE_SIGNATURE",
     "EligibilityRefreshInfo",
     "ExportInfo",

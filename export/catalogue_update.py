@@ -82,6 +82,8 @@ class CatalogueUpdateInfo:
     added: int
     removed: int
     sizes: dict
+    #: The new catalogue's fingerprint: the `base_fingerprint` of the next delta.
+    catalogue_fingerprint: str
     removed_versions: tuple[int, ...]
     rejected_versions: tuple[int, ...]
     seconds: float
@@ -139,6 +141,7 @@ def update_catalogue(
     remove_item_ids=None,
     add_to_sets: Mapping[str, object] | None = None,
     on_duplicate_item: str = "error",
+    base_fingerprint: str | None = None,
     source_version: int | None = None,
     version: int | None = None,
     keep: int | None = 3,
@@ -154,6 +157,11 @@ def update_catalogue(
         add_to_sets: optional `{set name: item ids}`: added items that join
             each set (every other added item is in no set; served items keep
             their sets).
+        base_fingerprint: optional: the catalogue fingerprint of the version
+            the delta was computed against (`catalogue_fingerprint(version
+            dir)`, `CatalogueUpdateInfo.catalogue_fingerprint`); a served
+            catalogue with another one is refused (a job that finds it
+            published meanwhile refuses rather than rebases).
         source_version: the version to change; defaults to the newest that
             loads. A job given one refuses, rather than rebases, when a
             version lands meanwhile.
@@ -186,6 +194,7 @@ def update_catalogue(
         add_item_ids=add_item_ids,
         remove_item_ids=remove_item_ids,
         on_duplicate_item=on_duplicate_item,
+        base_fingerprint=base_fingerprint,
     )
     state = {"source": source_version}
     # The new tensors are computed before anything is staged: a bad delta
@@ -246,6 +255,7 @@ def update_catalogue(
         added=summary["added"],
         removed=summary["removed"],
         sizes=summary["sizes"],
+        catalogue_fingerprint=summary["catalogue_fingerprint"],
         removed_versions=staged.removed_versions,
         rejected_versions=staged.rejected_versions,
         seconds=time.perf_counter() - start,
@@ -260,6 +270,14 @@ def _new_tensors(source: str, delta: dict, add_to_sets) -> dict:
     of the version at `source` with `delta` applied."""
     metadata = read_metadata(source)
     info = _update_entry(metadata, source)
+    delta = dict(delta)
+    expected = delta.pop("base_fingerprint", None)
+    if expected is not None and expected != info.get("catalogue_fingerprint"):
+        raise ValueError(
+            f"`base_fingerprint` {expected[:16]} is not the catalogue of the served version "
+            f"{os.path.basename(source)} ({str(info.get('catalogue_fingerprint'))[:16]}): the "
+            "delta was computed against another catalogue; compute it against this one"
+        )
     served, sets = _read_served(source, metadata, info)
     # The served arrays are freed once the merge has read them, before the
     # new ones are built (the catalogue keeps the item ids it needs).
@@ -309,12 +327,16 @@ def _new_tensors(source: str, delta: dict, add_to_sets) -> dict:
         sizes = sets.sizes()
     elif add_to_sets:
         raise ValueError("`add_to_sets`: the served version holds no eligibility sets")
+    else:
+        catalogue = MemberCatalogue.from_index(index)
+    new_metadata[UPDATE_ENTRY] = {**info, "catalogue_fingerprint": catalogue.fingerprint}
     new_metadata["catalogue_delta"] = {
         "added": added,
         "removed": removed,
         "num_items": index.num_sequences,
     }
-    summary = {**new_metadata["catalogue_delta"], "sizes": sizes}
+    summary = {**new_metadata["catalogue_delta"], "sizes": sizes,
+               "catalogue_fingerprint": catalogue.fingerprint}  # fmt: skip
     return {"replaced": replaced, "metadata": new_metadata, "summary": summary}
 
 
@@ -408,3 +430,10 @@ def _index_entry(metadata: dict, info: dict) -> dict:
         if entry.get("layer") == info["layer"]:
             return entry
     raise ValueError(f"The metadata lists no index of layer {info['layer']!r}")
+
+
+def catalogue_fingerprint(saved_model_dir: str | os.PathLike) -> str:
+    """The fingerprint of the catalogue an exported version with headroom
+    serves (what `update_catalogue(..., base_fingerprint=...)` checks)."""
+    path = os.fspath(saved_model_dir)
+    return _update_entry(read_metadata(path), path)["catalogue_fingerprint"]

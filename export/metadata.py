@@ -76,6 +76,7 @@ def catalogue_update_metadata(model, variable_keys) -> dict | None:
     return {
         "layer": layer.path,
         "eligibility_windows": list(getattr(layer, "eligibility_windows", ())),
+        "catalogue_fingerprint": layer.catalogue_fingerprint(),
         "variables": {
             name: variable_keys[id(weight.value)]
             for group in groups

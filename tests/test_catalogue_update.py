@@ -27,6 +27,7 @@ from static_keras import ConstrainedBeamSearch
 from static_keras import ConstrainedDecoding
 from static_keras import StaticIndex
 from static_keras.export import ELIGIBLE_SIGNATURE
+from static_keras.export import catalogue_fingerprint
 from static_keras.export import list_versions
 from static_keras.export import publish
 from static_keras.export import read_eligibility
@@ -124,10 +125,17 @@ def test_the_updated_version_answers_as_the_new_catalogue(catalogue_model, tmp_p
     plain = servable.run("serving_default", {"history": context})
     np.testing.assert_array_equal(plain["item_ids"], np.asarray(search(context)["item_ids"]))
 
-    # Rules refresh and a second delta on top of the updated version.
+    # Rules refresh and a second delta on top of the updated version, built
+    # against the catalogue the first one published.
+    assert catalogue_fingerprint(base / "2") == info.catalogue_fingerprint
+    assert info.catalogue_fingerprint != catalogue_fingerprint(base / "1")
     refresh_eligibility(base, {"fr": new_ids[:2]})
     assert read_eligibility(base / "3").sizes()["fr"] == 2
-    info = update_catalogue(base, remove_item_ids=new_ids[:1])
+    with pytest.raises(ValueError, match="`base_fingerprint` .* another catalogue"):
+        update_catalogue(base, remove_item_ids=new_ids[:1],
+                         base_fingerprint=catalogue_fingerprint(base / "1"))  # fmt: skip
+    info = update_catalogue(base, remove_item_ids=new_ids[:1],
+                            base_fingerprint=info.catalogue_fingerprint)  # fmt: skip
     assert info.version == 4 and read_eligibility(base / "4").sizes()["fr"] == 1
 
 

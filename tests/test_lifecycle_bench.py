@@ -3,7 +3,8 @@
 `benchmarks/lifecycle.py` at a small N in a subprocess: every stage is in
 the CSV, the swaps under load lose no request, answer only from the old or
 the new version, never return an item the answering version may not return,
-and a catalogue change keeps the eligibility sets. Its data helpers are
+and a catalogue change (the delta published into the served graph, and
+the full publish) keeps the eligibility sets. Its data helpers are
 checked directly (fast).
 """
 
@@ -33,8 +34,13 @@ STAGES = {
     "catalogue_change.publish", "catalogue_change.job", "catalogue_change.server_load",
     "catalogue_change.pickup", "catalogue_change.eligibility_kept",
     "catalogue_change.server_rss_after",
+    "catalogue_delta", "catalogue_delta.job_import", "catalogue_delta.update_catalogue",
+    "catalogue_delta.job", "catalogue_delta.server_load", "catalogue_delta.pickup",
+    "catalogue_delta.eligibility_kept", "catalogue_delta.server_rss_after",
+    "catalogue_add_1000", "catalogue_add_1000.update_catalogue",
+    "catalogue_add_1000.eligibility_kept",
 }  # fmt: skip
-SWAPS = ("rules_change", "catalogue_change")
+SWAPS = ("rules_change", "catalogue_delta", "catalogue_add_1000", "catalogue_change")
 
 
 def test_distinct_ids_are_distinct_and_avoid_taken_rows():
@@ -75,7 +81,7 @@ def test_sizes_parse_commas_and_exponents():
     assert lifecycle.parse_sizes(["1e5,1e6", "2e7"]) == [100_000, 1_000_000, 20_000_000]
 
 
-@pytest.mark.slow  # about a minute and a half: a server, two jobs, three publishes
+@pytest.mark.slow  # about two minutes: a server, four jobs, three publishes
 def test_lifecycle_benchmark_runs_clean(tmp_path):
     out = tmp_path / "lifecycle.csv"
     command = [sys.executable, os.path.join(_REPO, "benchmarks", "lifecycle.py"),
@@ -99,8 +105,10 @@ def test_lifecycle_benchmark_runs_clean(tmp_path):
         assert float(row["seconds"]) > 0  # the new version answered
         assert float(rows[f"{stage}.server_rss_after"]["peak_rss_mib"]) > 0
     assert rows["catalogue_change.eligibility_kept"]["status"] == "ok"
-    # The rules job runs without TensorFlow (importing it would cost seconds).
-    assert "TensorFlow not imported" in rows["rules_change.job"]["notes"]
+    assert rows["catalogue_delta.eligibility_kept"]["status"] == "ok"
+    # The rules and delta jobs run without TensorFlow (importing it costs seconds).
+    for job in ("rules_change.job", "catalogue_delta.job", "catalogue_add_1000.job"):
+        assert "TensorFlow not imported" in rows[job]["notes"], job
     for stage in ("predict_default_b1", "predict_eligible_b32"):
         assert float(rows[stage]["p90_ms"]) >= float(rows[stage]["p50_ms"]) > 0
     for batch in (1, 32):  # interleaved: one ratio per batch size, from the two p50s

@@ -231,6 +231,7 @@ def command_update_catalogue(args) -> None:
             remove_item_ids=removed,
             add_to_sets=joined or None,
             on_duplicate_item=args.on_duplicate_item,
+            base_fingerprint=args.base_fingerprint,
             source_version=args.source_version,
             version=args.version,
             keep=args.keep,
@@ -239,7 +240,8 @@ def command_update_catalogue(args) -> None:
     print(
         f"published version {info.version} (version {info.source_version} with {info.added:,} "
         f"items added, {info.removed:,} removed: {info.num_items:,} items) at {info.path} in "
-        f"{info.seconds:.2f} s{removed_versions}{_rebased(info.rebased_onto)}"
+        f"{info.seconds:.2f} s{removed_versions}{_rebased(info.rebased_onto)}; catalogue "
+        f"{info.catalogue_fingerprint}"
     )
 
 

@@ -325,6 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--on-duplicate-item", choices=("error", "first", "last"), default="error",
         help="an added semantic ID that an item already has (default: error)",
     )  # fmt: skip
+    update.add_argument(
+        "--base-fingerprint",
+        help="the catalogue the delta was computed against (the last update's printed "
+        "fingerprint): refused when the served catalogue differs",
+    )
     update.add_argument("--source-version", type=int, help="version to change (default: newest)")
     update.add_argument("--version", type=int, help="version number (default: newest + 1)")
     update.add_argument("--keep", type=int, default=3, help="good versions to keep (default 3)")

@@ -76,7 +76,7 @@ class MemberCatalogue:
                 self._table = table
                 return
         self._sorted_ids, self._sorted_members = _sorted_with_members(ids)
-        items = self._sorted_ids[self._first_item() :]
+        items = _without_no_item(self._sorted_ids)
         self._distinct = not np.any(items[1:] == items[:-1])
 
     @classmethod
@@ -121,7 +121,7 @@ class MemberCatalogue:
         catalogue._distinct = True
         if not catalogue._identity:
             catalogue._sorted_ids, catalogue._sorted_members = sorted_ids, sorted_members
-            items = sorted_ids[catalogue._first_item() :]
+            items = _without_no_item(sorted_ids)
             catalogue._distinct = not np.any(items[1:] == items[:-1])
         return catalogue
 
@@ -217,8 +217,11 @@ class MemberCatalogue:
         if self._table is not None:
             ids = np.flatnonzero(self._table >= 0)
             return ids, self._table[ids].astype(np.int64)
-        first = self._first_item()
-        return self._sorted_ids[first:], self._sorted_members[first:]
+        start, stop = _no_item_run(self._sorted_ids)
+        if start == stop:
+            return self._sorted_ids, self._sorted_members
+        keep = np.r_[0:start, stop : self._sorted_ids.size]
+        return self._sorted_ids[keep], self._sorted_members[keep]
 
     def exclusion_table(self) -> tuple[np.ndarray, np.ndarray]:
         """`(ids, members)` int64 `[num_members]`: every member's item id,
@@ -237,10 +240,6 @@ class MemberCatalogue:
             members = np.concatenate([np.flatnonzero(~held), members])
         return ids, members
 
-    def _first_item(self) -> int:
-        """Position of the first sorted id that names an item (ids >= 0)."""
-        return int(np.searchsorted(self._sorted_ids, 0, side="left"))
-
     def _lookup_ascending(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`lookup` of ids known to be ascending (no sort)."""
         if self._sorted_ids is None:
@@ -248,12 +247,12 @@ class MemberCatalogue:
         return self._sorted_lookup(ids)
 
     def _sorted_lookup(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """`lookup` of ascending `ids` over the sorted catalogue (negative
-        ids name nothing: -1 marks the members with no item)."""
-        skipped = int(np.searchsorted(ids, 0, side="left"))
-        if skipped:
-            query, member = self._sorted_lookup(ids[skipped:])
-            return query + skipped, member
+        """`lookup` of ascending `ids` over the sorted catalogue (-1 names
+        nothing: it marks the members with no item, and pads requests)."""
+        start, stop = _no_item_run(ids)
+        if start < stop:  # -1 names no item: look up what is around it
+            below, above = self._sorted_lookup(ids[:start]), self._sorted_lookup(ids[stop:])
+            return np.concatenate([below[0], above[0] + stop]), np.concatenate([below[1], above[1]])
         last = self._sorted_ids.size - 1
         left = np.searchsorted(self._sorted_ids, ids, side="left")
         if self._distinct:
@@ -342,3 +341,20 @@ def catalogue_fingerprint(member_item_ids, num_members: int) -> str:
     else:
         digest.update(np.ascontiguousarray(ids, "<i8").data)
     return digest.hexdigest()
+
+
+#: The item id of a member slot with no item (an index with headroom), and
+#: the padding of requests: it names nothing.
+NO_ITEM = -1
+
+
+def _no_item_run(sorted_ids: np.ndarray) -> tuple[int, int]:
+    """`[start, stop)` of the `NO_ITEM` entries of ascending ids."""
+    start = int(np.searchsorted(sorted_ids, NO_ITEM, side="left"))
+    stop = int(np.searchsorted(sorted_ids, NO_ITEM, side="right"))
+    return start, stop
+
+
+def _without_no_item(sorted_ids: np.ndarray) -> np.ndarray:
+    start, stop = _no_item_run(sorted_ids)
+    return sorted_ids if start == stop else np.concatenate([sorted_ids[:start], sorted_ids[stop:]])
