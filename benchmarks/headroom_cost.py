@@ -67,8 +67,11 @@ def measure(config: dict) -> list[dict]:
             members = catalogues[name].exclusion_members(excluded)
             plain = tf.function(lambda h, s=search: s(h))
             eligible = tf.function(lambda h, m, s=search: s(h, tf.zeros([batch], tf.int32), m))
-            functions[("plain", name)] = lambda salt, f=plain: f(history)
-            functions[("eligible", name)] = lambda salt, f=eligible, m=members: f(history, m)
+            # `time_interleaved` syncs on the last output: the item ids.
+            functions[("plain", name)] = lambda salt, f=plain: [f(history)["item_ids"]]
+            functions[("eligible", name)] = lambda salt, f=eligible, m=members: [
+                f(history, m)["item_ids"]
+            ]
         for function in functions.values():
             function(0)
         runs = common.time_interleaved(functions, warmup=3, min_repeats=config["rounds"],
@@ -88,15 +91,15 @@ def measure(config: dict) -> list[dict]:
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if common.child_main(measure, argv):
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["1e6"])
     parser.add_argument("--headroom", type=float, default=0.1)
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--csv", default=os.path.join(common.RESULTS_DIR, "headroom_cost.csv"))
-    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if common.child_main(measure, args):
-        return
     sizes = [int(float(s)) for text in args.sizes for s in text.split(",")]
     rows = common.size_sweep(
         "benchmarks.headroom_cost",
