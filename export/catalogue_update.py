@@ -8,9 +8,10 @@ item ids removed) the way `refresh_eligibility` publishes sets:
 
 1. read the served version's index tensors and eligibility sets from its
    checkpoint (NumPy; the exclusion table gives the catalogue unsorted);
-2. `apply_delta`: the new index in the same capacities (a merge of sorted
-   runs, no full sort); the sets carried over by item id (new items are in
-   no set unless `add_to_sets` names them);
+2. `apply_delta`: the new index in the same capacities (a level-by-level
+   merge, no full sort); each set's kept members moved to their new places
+   by the merge's member map (removed items drop out; new items are in no
+   set unless `add_to_sets` names them);
 3. every tensor the layer derives from the index (dense edge rows, member
    ranges, the sets' dense masks, the exclusion table) computed on the host
    by the functions the layer itself uses;

@@ -1,23 +1,27 @@
 """A catalogue delta: the index of a changed catalogue without a full sort.
 
-A served index's leaves are its catalogue's semantic IDs in sorted order,
-so a day's change (items added with their semantic IDs, item ids removed)
-is a merge of two sorted runs, not a new sort of every row:
+A served index's leaves are its catalogue's semantic IDs in sorted order and
+its levels are the distinct prefixes in the same order, so a day's change
+(items added with their semantic IDs, item ids removed) is a merge, level by
+level, of the served trie with a few new nodes:
 
-1. the served rows come back sorted from the trie's arrays (one gather per
-   level, leaves up);
-2. the added rows are sorted among themselves (a few thousand to a few
-   hundred thousand) and located in the served order by walking them down
-   the trie (a binary search per level within one row, vectorised over the
-   added rows): the served rows stay where they are;
-3. removed leaves drop out, the added rows are inserted (`np.insert`, one
-   pass per column), and the build's level pass runs on the merged rows
-   (`builder.arrays_from_sorted`), keeping the served dense depth.
+1. the added rows are sorted among themselves and walked down the served
+   trie (a binary search per level within one row, vectorised over the
+   added rows): how deep each is a served prefix, and before which served
+   node of every deeper level its new nodes go;
+2. from the leaves up, each served node keeps its place if a kept leaf or
+   an added row lies below it (the kept leaves before each node are one
+   gather of the level below's at the nodes' first children); the others
+   are deleted and the new nodes inserted (`np.insert`, one pass per level),
+   and each merged node's first leaf gives the merged rows' common prefix
+   lengths;
+3. the build's level pass (`builder.arrays_from_levels`) writes the CSR
+   arrays, keeping the served dense depth, straight into the served
+   capacities when the index has headroom.
 
 The result equals `StaticIndex.build` of the new catalogue (same language,
-same item ids; same arrays when the layouts coincide). An index with
-headroom gives an index in the same capacities (`headroom.fit`), or a
-`CapacityError` naming the capacity the new catalogue exceeds.
+same item ids; same arrays when the layouts coincide), or a `CapacityError`
+naming the capacity the new catalogue exceeds.
 
 NumPy only.
 """
