@@ -49,12 +49,10 @@ from static_keras.export.eligibility_refresh import _top_level
 from static_keras.export.leftovers import DEFAULT_STALE_AFTER_SECONDS
 from static_keras.export.metadata import METADATA_FILENAME
 from static_keras.export.metadata import read_metadata
-from static_keras.export.publish import list_versions
-from static_keras.export.publish import new_version
-from static_keras.export.publish import newest_good_version
 from static_keras.export.publish import publish_staged
+from static_keras.export.publish import removed_source_is_a_conflict
+from static_keras.export.publish import source_version_for
 from static_keras.export.version_lock import PublishConflict
-from static_keras.export.version_lock import check_base_path
 from static_keras.index import archive
 from static_keras.index import dense_eligibility
 from static_keras.index import dense_fields
@@ -178,18 +176,10 @@ def update_catalogue(
     """
     start = time.perf_counter()
     base = os.fspath(model_base_path)
-    check_base_path(base)
-    existing = list_versions(base)
-    if not existing:
-        raise ValueError(f"No versions under {base!r} to update")
     given_source = source_version is not None
-    if source_version is None:
-        source_version = newest_good_version(base)
-        if source_version is None:
-            raise ValueError(f"No version under {base!r} loads (versions: {existing})")
-    if source_version not in existing:
-        raise ValueError(f"No version {source_version} under {base!r} (versions: {existing})")
-    new_version(base, existing, version, keep)  # bad arguments fail before any work
+    source_version, existing = source_version_for(
+        base, source_version, version, keep, "update its catalogue"
+    )
     delta = dict(
         add_sequences=add_sequences,
         add_item_ids=add_item_ids,
@@ -204,15 +194,8 @@ def update_catalogue(
 
     def write(staging):
         source = os.path.join(base, str(state["source"]))
-        try:
+        with removed_source_is_a_conflict(source, state["source"]):
             _stage(source, staging, state["tensors"], state["source"], check)
-        except FileNotFoundError:
-            if os.path.isdir(source):
-                raise
-            raise PublishConflict(
-                f"version {state['source']} was removed while this job copied it: nothing "
-                "was published; rerun the job"
-            ) from None
 
     def rebase(staging, head):
         shutil.rmtree(staging, ignore_errors=True)

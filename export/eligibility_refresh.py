@@ -27,12 +27,10 @@ from static_keras.export import checkpoint_patch
 from static_keras.export.leftovers import DEFAULT_STALE_AFTER_SECONDS
 from static_keras.export.metadata import METADATA_FILENAME
 from static_keras.export.metadata import read_metadata
-from static_keras.export.publish import list_versions
-from static_keras.export.publish import new_version
-from static_keras.export.publish import newest_good_version
 from static_keras.export.publish import publish_staged
+from static_keras.export.publish import removed_source_is_a_conflict
+from static_keras.export.publish import source_version_for
 from static_keras.export.version_lock import PublishConflict
-from static_keras.export.version_lock import check_base_path
 from static_keras.index import dense_eligibility
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.member_catalogue import MemberCatalogue
@@ -166,23 +164,10 @@ def refresh_eligibility(
 
     start = time.perf_counter()
     base = os.fspath(model_base_path)
-    check_base_path(base)
-    existing = list_versions(base)
-    if not existing:
-        raise ValueError(f"No versions under {base!r} to refresh")
     given_source = source_version is not None
-    if source_version is None:
-        source_version = newest_good_version(base)
-        if source_version is None:
-            raise ValueError(
-                f"No version under {base!r} loads (versions: {existing}): publish a good "
-                "version before refreshing its sets"
-            )
-    if source_version not in existing and not given_source:
-        existing = list_versions(base)  # published since we listed
-    if source_version not in existing:
-        raise ValueError(f"No version {source_version} under {base!r} (versions: {existing})")
-    new_version(base, existing, version, keep)  # bad arguments fail before anything is written
+    source_version, existing = source_version_for(
+        base, source_version, version, keep, "refresh its sets"
+    )
 
     current = read_eligibility(os.path.join(base, str(source_version)))
     sets = _new_sets(current, eligibility_sets)
@@ -191,15 +176,8 @@ def refresh_eligibility(
     def write(staging):
         source = os.path.join(base, str(state["source"]))
         note = {"source_version": state["source"]}
-        try:
+        with removed_source_is_a_conflict(source, state["source"]):
             write_with_sets(source, staging, state["sets"], note, check=check)
-        except FileNotFoundError:
-            if os.path.isdir(source):
-                raise
-            raise PublishConflict(
-                f"version {state['source']} was removed while this job copied it (by a job "
-                "with a small keep): nothing was published; rerun the job"
-            ) from None
 
     def rebase(staging, head):
         shutil.rmtree(staging, ignore_errors=True)

@@ -25,6 +25,7 @@ first (`leftovers.py`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -46,6 +47,7 @@ from static_keras.export.version_checks import read_record
 from static_keras.export.version_checks import version_fingerprint
 from static_keras.export.version_checks import walk
 from static_keras.export.version_checks import write_record
+from static_keras.export.version_lock import PublishConflict
 from static_keras.export.version_lock import check_base_path
 from static_keras.export.version_lock import version_lock
 
@@ -214,6 +216,47 @@ def publish(
         quarantined_paths=staged.quarantined_paths,
         rebased_onto=staged.rebased_onto,
     )
+
+
+def source_version_for(base: str, source_version, version, keep, why: str) -> tuple[int, list]:
+    """`(source version, versions listed)` of a job that changes a published
+    version (a rules refresh, a catalogue delta): the one given, or the
+    newest that loads (`why`: what the job needs it for, for the error).
+    ValueError for a missing one and for bad `version`/`keep`, before any
+    work."""
+    check_base_path(base)
+    existing = list_versions(base)
+    if not existing:
+        raise ValueError(f"No versions under {base!r} to {why}")
+    given = source_version is not None
+    if not given:
+        source_version = newest_good_version(base)
+        if source_version is None:
+            raise ValueError(
+                f"No version under {base!r} loads (versions: {existing}): publish a good "
+                f"version before you {why}"
+            )
+    if source_version not in existing and not given:
+        existing = list_versions(base)  # published since we listed
+    if source_version not in existing:
+        raise ValueError(f"No version {source_version} under {base!r} (versions: {existing})")
+    new_version(base, existing, version, keep)
+    return source_version, existing
+
+
+@contextlib.contextmanager
+def removed_source_is_a_conflict(source: str, version: int):
+    """A job's copy of version `source` that finds it removed (by another
+    job with a small `keep`) ends in one line, not a traceback."""
+    try:
+        yield
+    except FileNotFoundError:
+        if os.path.isdir(source):
+            raise
+        raise PublishConflict(
+            f"version {version} was removed while this job copied it (by a job with a small "
+            "keep): nothing was published; rerun the job"
+        ) from None
 
 
 def new_version(base: str, existing: list[int], version, keep) -> int:

@@ -117,6 +117,14 @@ def test_duplicate_semantic_ids_follow_the_build_policy():
         (dict(add_sequences=[[0, 0, 0, 1]]), "`add_sequences` and `add_item_ids` go together"),
         (dict(add_sequences=[[0, 0, 0, 1]], add_item_ids=[-3]), "`add_item_ids` must be non-neg"),
         (dict(remove_item_ids=[10, 11, 12]), "removes every item"),
+        (dict(add_sequences=[[0, 0, 0, 1]], add_item_ids=[30, 31]),
+         r"`add_item_ids` must be a vector with one id per sequence"),
+        (dict(add_sequences=[[0, 0, 0, 1]], add_item_ids=[30.5]), "`add_item_ids` must hold int"),
+        (dict(add_sequences=[[0.5, 0, 0, 1]], add_item_ids=[30]), "`add_sequences`"),
+        (dict(add_sequences=[0, 0, 0, 1], add_item_ids=[30]), "`add_sequences`.*rank 2"),
+        (dict(remove_item_ids=[[10]]), "`remove_item_ids` must be a vector"),
+        (dict(remove_item_ids=[10.0]), "`remove_item_ids` must be a vector of integer"),
+        (dict(remove_item_ids=[-4]), "`remove_item_ids` must be non-negative"),
         (dict(on_duplicate_item="newest"), "on_duplicate_item"),
     ],
 )  # fmt: skip
@@ -145,3 +153,12 @@ def test_a_delta_beyond_the_headroom_names_the_capacity():
     added = np.array([[0, 0, 1, 1], [0, 0, 1, 2], [0, 0, 1, 3]])
     with pytest.raises(CapacityError, match=r"fan-out of 4 at step 3 \(cap B_3 = 2\)"):
         apply_delta(served, add_sequences=added, add_item_ids=[20, 21, 22])
+
+
+def test_a_catalogue_of_another_index_is_refused():
+    from static_keras.index.eligibility import MemberCatalogue
+
+    served = StaticIndex.build([[0, 1, 2, 3], [1, 1, 1, 1]], VOCAB, item_ids=[10, 11])
+    other = StaticIndex.build([[0, 1, 2, 3]], VOCAB, item_ids=[10])
+    with pytest.raises(ValueError, match="`catalogue` is not the catalogue of `index`"):
+        apply_delta(served, remove_item_ids=[10], catalogue=MemberCatalogue.from_index(other))

@@ -35,6 +35,7 @@ from static_keras.export import read_metadata
 from static_keras.export import read_served_index
 from static_keras.export import refresh_eligibility
 from static_keras.export import update_catalogue
+from static_keras.export.version_lock import PublishConflict
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.eligibility import MemberCatalogue
 from static_keras.index.headroom import CapacityError
@@ -150,6 +151,9 @@ def test_bad_and_oversized_deltas_write_nothing(catalogue_model, tmp_path):
         (dict(add_sequences=[[0, 0, 0, 99]], add_item_ids=[3]), "`add_sequences`"),
         (dict(add_sequences=[[0, 0, 0, 0]], add_item_ids=[3], add_to_sets={"fr": [4]}),
          r"`add_to_sets\['fr'\]` names 1 item id"),
+        (dict(add_sequences=[[0, 0, 0, 0]], add_item_ids=[3], add_to_sets={"de": [3]}),
+         "de"),
+        (dict(remove_item_ids=ids[:1], base_fingerprint="0" * 64), "`base_fingerprint`"),
     ]  # fmt: skip
     every = np.indices((VOCAB,) * LENGTH).reshape(LENGTH, -1).T
     every = every[~np.isin(every @ VOCAB ** np.arange(LENGTH)[::-1],
@@ -255,3 +259,68 @@ def test_a_delta_landing_during_a_rules_job_is_kept(catalogue_model, tmp_path, m
     np.testing.assert_array_equal(_items(base / "3", "fr"), np.sort(still_there))
     served = read_served_index(base / "3")
     assert served.num_sequences == len(rows) - len(gone) + len(added)
+
+
+def test_two_deltas_at_once_both_publish(catalogue_model, tmp_path, monkeypatch):
+    """A second delta lands while the first writes its checkpoint: the first
+    rebases onto it and applies its own change there; both changes hold."""
+    from static_keras.export import checkpoint_patch
+
+    rows, ids, _, _, model = catalogue_model
+    base = tmp_path / "recs"
+    publish(model, base, warmup_batch_sizes=(1,))
+    real, paused = checkpoint_patch.replace_tensors, []
+
+    def other_delta_first(*args, **kwargs):
+        if not paused:
+            paused.append(True)
+            assert update_catalogue(base, remove_item_ids=ids[:3]).version == 2
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_patch, "replace_tensors", other_delta_first)
+    info = update_catalogue(base, remove_item_ids=ids[3:5])
+    assert (info.version, info.rebased_onto) == (3, (2,))
+    served = read_served_index(base / "3")
+    assert served.num_sequences == len(rows) - 5
+    assert not set(ids[:5].tolist()) & set(served.lookup_item_ids(served.sequences()).tolist())
+    # A delta that no longer applies after the rebase is refused in one line.
+    paused.clear()
+
+    def same_item_removed_first(*args, **kwargs):
+        if not paused:
+            paused.append(True)
+            update_catalogue(base, remove_item_ids=ids[5:6])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_patch, "replace_tensors", same_item_removed_first)
+    with pytest.raises(PublishConflict, match="does not take this delta.*nothing was published"):
+        update_catalogue(base, remove_item_ids=ids[5:7])
+    assert list_versions(base)[-1] == 4
+
+
+def test_bad_delta_files_are_one_line(catalogue_model, tmp_path, capsys):
+    from static_keras import cli
+
+    _, ids, _, _, model = catalogue_model
+    base = tmp_path / "recs"
+    publish(model, base, warmup_batch_sizes=(1,))
+    np.savez(tmp_path / "no_ids.npz", semantic_ids=np.zeros((1, LENGTH), np.int64))
+    np.save(tmp_path / "rows.npy", np.zeros((1, LENGTH), np.int64))
+    np.save(tmp_path / "removed.npy", ids[:1])
+    command = ["update-catalogue", "--model-base-path", str(base)]
+    cases = [
+        ([], "needs --add, --remove or both"),
+        (["--add", str(tmp_path / "no_ids.npz")], "no array 'item_ids'"),
+        (["--add", str(tmp_path / "missing.npz")], "no such file"),
+        (["--add", str(tmp_path / "no_ids.npz").replace(".npz", ".npy")], "no such file"),
+        (["--add", str(tmp_path / "rows.npy")], "needs --add-item-ids FILE"),
+        (
+            ["--add-to-set", "fr", "--remove", str(tmp_path / "removed.npy")],
+            "--add-to-set must be NAME=FILE",
+        ),
+        (["--remove", str(tmp_path / "x.npy")], "no such file"),
+    ]
+    for extra, message in cases:
+        assert cli.main([*command, *extra]) == 2
+        assert message in capsys.readouterr().err
+    assert list_versions(base) == [1]

@@ -143,3 +143,42 @@ def test_an_index_with_headroom_saves_and_loads(tmp_path):
     assert again.layout == roomy.layout and again.num_sequences == roomy.num_sequences
     for name, array in roomy.arrays.items():
         np.testing.assert_array_equal(again.arrays[name], array)
+
+
+@pytest.mark.parametrize(
+    "used", [[1, 5, 30], [1, 5, 24, 99], [2, 5, 24, 30], [1, -1, 24, 30]]
+)  # fmt: skip
+def test_a_layout_with_impossible_used_sizes_is_refused(used):
+    from static_keras.index.layout import IndexLayout
+
+    _, roomy, _ = pair(1, 0.2)
+    config = {**roomy.layout.to_config(), "used_level_sizes": used}
+    with pytest.raises(ValueError, match="used_level_sizes"):
+        IndexLayout.from_config(config)
+    with pytest.raises(ValueError, match="used_level_sizes"):
+        ConstrainedDecoding(vocab_size=VOCAB, length=LENGTH, dense_levels=1,
+                            level_sizes=list(roomy.layout.level_sizes),
+                            step_widths=list(roomy.layout.step_widths), has_item_ids=True,
+                            used_level_sizes=used)  # fmt: skip
+
+
+def test_an_index_of_another_layout_is_refused_by_the_layer():
+    _, roomy, _ = pair(1, 0.2)
+    layer = ConstrainedDecoding(roomy)
+    other = StaticIndex.build([[0, 1, 2]], VOCAB, item_ids=[5], dense_levels=1, headroom=0.2)
+    with pytest.raises(ValueError, match="does not match this layer"):
+        layer.set_index(other)
+
+
+def test_a_new_catalogue_within_the_capacities_loads_into_the_same_layer():
+    from static_keras.index.catalogue_delta import apply_delta
+
+    _, roomy, items = pair(1, 0.5)
+    layer = ConstrainedDecoding(roomy)
+    taken = {tuple(r) for r in roomy.sequences().tolist()}
+    new = next(r for r in np.ndindex(*(VOCAB,) * LENGTH) if r not in taken)
+    changed = apply_delta(roomy, add_sequences=[new], add_item_ids=[7], remove_item_ids=items[:1])
+    layer.set_index(changed)  # the same graph shape: new values
+    assert layer.layout == changed.layout
+    state = np.asarray(changed.walk([list(new)]), "int32")
+    np.testing.assert_array_equal(np.asarray(layer.item_ids(state)), [7])

@@ -252,7 +252,7 @@ class _Levels:
             else:
                 state = layout.tail_state_offsets[u] + cursor[rows_in, u]
                 start, end = tree_walk.row_bounds(layout, arrays, state, u)
-                edge = _lower_bound(arrays["tokens"], start, end, rows[rows_in, u])
+                edge = tree_walk.lower_bound(arrays["tokens"], start, end, rows[rows_in, u])
                 hit = (edge < end) & (arrays["tokens"][np.minimum(edge, last)] == rows[rows_in, u])
                 cursor[rows_in, u + 1] = edge - layout.edge_offsets[u]
             inside[rows_in[hit]] = u + 1
@@ -326,20 +326,6 @@ class _Merge:
         where -= np.searchsorted(dead, where, side="left")
         new_tokens = self.adds[opening, u - 1].astype(self.trie.tokens[u].dtype)
         return np.insert(np.delete(self.trie.tokens[u], dead), where, new_tokens)
-
-
-def _lower_bound(tokens, start, end, target) -> np.ndarray:
-    """First edge in `tokens[start:end]` (sorted per row) `>= target`, else `end`."""
-    lo, hi = start.astype(np.int64), end.astype(np.int64)
-    while True:
-        active = lo < hi
-        if not active.any():
-            return lo
-        mid = (lo + hi) // 2
-        value = tokens[np.where(active, mid, 0)].astype(np.int64)
-        right = active & (value < target)
-        lo = np.where(right, mid + 1, lo)
-        hi = np.where(active & ~right, mid, hi)
 
 
 def _added(index, sequences, item_ids) -> tuple[np.ndarray, np.ndarray]:

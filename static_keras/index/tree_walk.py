@@ -84,15 +84,21 @@ def search_rows(
     tokens: np.ndarray, start: np.ndarray, end: np.ndarray, target: np.ndarray
 ) -> np.ndarray:
     """Edge in `tokens[start:end]` (sorted per row) equal to target, else -1."""
-    lo, hi = start.copy(), end.copy()
+    lo = lower_bound(tokens, start, end, target)
+    found = (lo < end) & (tokens[np.minimum(lo, tokens.size - 1)].astype(np.int64) == target)
+    return np.where(found, lo, -1)
+
+
+def lower_bound(tokens: np.ndarray, start, end, target) -> np.ndarray:
+    """int64: the first edge in `tokens[start:end]` (sorted per row) that is
+    `>= target`, else `end`; a binary search vectorised over rows."""
+    lo, hi = np.asarray(start, np.int64).copy(), np.asarray(end, np.int64).copy()
     while True:
         active = lo < hi
         if not active.any():
-            break
+            return lo
         mid = (lo + hi) // 2
         value = tokens[np.where(active, mid, 0)].astype(np.int64)
-        go_right = active & (value < target)
-        lo = np.where(go_right, mid + 1, lo)
-        hi = np.where(active & ~go_right, mid, hi)
-    found = (lo < end) & (tokens[np.minimum(lo, tokens.size - 1)].astype(np.int64) == target)
-    return np.where(found, lo, -1)
+        right = active & (value < target)
+        lo = np.where(right, mid + 1, lo)
+        hi = np.where(active & ~right, mid, hi)
