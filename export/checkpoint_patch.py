@@ -29,6 +29,7 @@ from typing import Mapping
 import google_crc32c
 import numpy as np
 
+from static_keras.export import direct_io
 from static_keras.index.tfrecord import mask_crc32c
 from static_keras.index.tfrecord import masked_crc32c
 
@@ -69,7 +70,7 @@ def replace_tensors(
             _shard(source_prefix, old, header["num_shards"]), _shard(target_prefix, new, shards)
         )
     offset = 0
-    with open(_shard(target_prefix, shards - 1, shards), "wb") as file:
+    with direct_io.SequentialWriter(_shard(target_prefix, shards - 1, shards)) as file:
         for key in sorted(tensors):
             size, crc = _write_tensor(file, key, entries[key], tensors[key])
             entries[key].update(offset=offset, size=size, crc32c=crc)
@@ -85,7 +86,7 @@ def replace_tensors(
 
 
 def read_tensors(prefix: str, keys, dtypes=None) -> dict[str, np.ndarray]:
-    """The tensors `keys` of checkpoint `prefix` (read-only arrays), each
+    """The tensors `keys` of checkpoint `prefix` (arrays of their own), each
     checked against its stored CRC-32C as TensorFlow's reader checks it.
 
     `dtypes`: optional `{key: dtype}` to read a tensor as (a narrower one
@@ -101,12 +102,8 @@ def read_tensors(prefix: str, keys, dtypes=None) -> dict[str, np.ndarray]:
         target = (dtypes or {}).get(key)
         with open(_shard(prefix, entry["shard_id"], header["num_shards"]), "rb") as file:
             file.seek(entry["offset"])
-            if target is None or np.dtype(target) == dtype:
-                data = file.read(entry["size"])
-                crc = google_crc32c.value(data) if len(data) == entry["size"] else None
-                value = np.frombuffer(data, dtype)
-            else:
-                value, crc = _read_converted(file, entry["size"], dtype, np.dtype(target))
+            target = dtype if target is None else np.dtype(target)
+            value, crc = _read_converted(file, entry["size"], dtype, target)
         if crc is None or mask_crc32c(crc) != entry["crc32c"]:
             raise ValueError(f"{prefix}: tensor {key!r} does not match its checksum (corrupt)")
         out[key] = value.reshape(entry["shape"])
@@ -139,15 +136,12 @@ def verify_tensors(prefix: str, keys) -> None:
         entry = entries.get(key)
         if entry is None:
             raise ValueError(f"{prefix} has no tensor {key!r}")
+        # From the disk, not the page cache: the bytes a server will load.
         crc, left = 0, entry["size"]
-        with open(_shard(prefix, entry["shard_id"], header["num_shards"]), "rb") as file:
-            file.seek(entry["offset"])
-            while left:
-                data = file.read(min(left, 1 << 24))
-                if not data:
-                    break
-                crc = google_crc32c.extend(crc, data)
-                left -= len(data)
+        path = _shard(prefix, entry["shard_id"], header["num_shards"])
+        for data in direct_io.read_chunks(path, entry["offset"], entry["size"]):
+            crc = google_crc32c.extend(crc, bytes(data))  # it takes bytes only
+            left -= len(data)
         if left or mask_crc32c(crc) != entry["crc32c"]:
             raise ValueError(f"{prefix}: tensor {key!r} does not match its checksum (corrupt)")
 
@@ -202,11 +196,11 @@ def _check_value(key: str, entry: dict, value) -> None:
 
 def _write_tensor(file, key: str, entry: dict, value) -> tuple[int, int]:
     """Writes `value` in the tensor's dtype, a chunk at a time (no copy of
-    the whole tensor as bytes): `(bytes written, masked CRC-32C)`."""
+    the whole tensor in the stored dtype): `(bytes written, masked CRC-32C)`."""
     dtype = _numpy_dtype(key, entry)
     flat = np.ascontiguousarray(value).reshape(-1)
     crc, size = 0, 0
-    for start in range(0, max(flat.size, 1), _CHUNK):
+    for start in range(0, flat.size, _CHUNK):
         # 16 MB of bytes at a time (the CRC's C extension takes bytes only)
         data = flat[start : start + _CHUNK].astype(dtype, copy=False).tobytes()
         crc = google_crc32c.extend(crc, data)

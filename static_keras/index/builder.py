@@ -16,6 +16,7 @@ for levels where some state has more than one child.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -165,14 +166,14 @@ def build_arrays(
     level_tokens = [column[lcp <= t] for t, column in enumerate(sorted_cols)]
     del sorted_cols
     return arrays_from_levels(
-        level_tokens, lcp, leaf_item_ids, vocab_size, dense_levels, dense_budget_bytes, report,
-        headroom=headroom,
+        level_tokens, functools.partial(_parent_starts, lcp), leaf_item_ids, vocab_size,
+        dense_levels, dense_budget_bytes, report, headroom=headroom,
     )  # fmt: skip
 
 
 def arrays_from_levels(
     level_tokens,
-    lcp,
+    first_children,
     leaf_item_ids,
     vocab_size: int,
     dense_levels,
@@ -181,21 +182,29 @@ def arrays_from_levels(
     *,
     headroom: float = 0.0,
     capacity: IndexLayout | None = None,
+    indptr=None,
 ) -> tuple[IndexLayout, dict[str, np.ndarray]]:
-    """The layout and arrays of a trie given level by level: `lcp` of its
-    sorted distinct rows (`sort_unique`) and `level_tokens[t]`, the last
-    token of each node of depth `t + 1` in order (the tokens of the rows
-    that open one: `lcp <= t`). The build after its sort, which a catalogue
-    delta reuses without rows (`catalogue_delta` merges levels).
+    """The layout and arrays of a trie given level by level:
+    `level_tokens[t]`, the last token of each node of depth `t + 1` in
+    order, and `first_children(t, out=None)`, where the children of each
+    node of depth `t` start among them (ascending; a childless node's
+    children start where the next node's do), written into `out` if
+    given. The build after its sort (starts from the rows' common
+    prefixes: `_parent_starts`), which a catalogue delta reuses with starts
+    it shifts from the served ones (`catalogue_delta`). The tail levels of
+    `level_tokens` are dropped from the list as they are copied.
 
     The arrays are written straight into a layout with headroom when one
     is asked for: `headroom` (capacities that share above these rows) or
     `capacity` (a served layout's; `headroom.CapacityError` when the rows
     exceed it), with no exact copy first (`static_keras.index.headroom`).
+    `indptr`: an array to write the row pointers into when it has their
+    size and dtype (a delta passes the served ones: `first_children(t)`
+    reads level t's before this writes them).
     """
     report = progress or (lambda stage, fraction: None)
     length = len(level_tokens)
-    level_sizes = count_levels(lcp, length)
+    level_sizes = [1] + [int(tokens.size) for tokens in level_tokens]
     d = resolve_dense_levels(dense_levels, vocab_size, level_sizes, dense_budget_bytes)
 
     # Pass 1: the widest fan-out of each level (B_t) fixes the layout. In a
@@ -206,13 +215,14 @@ def arrays_from_levels(
         if capacity is not None and t >= d:
             step_widths.append(capacity.step_widths[t])  # checked after pass 2
             continue
-        starts = _parent_starts(lcp, t)
+        starts = first_children(t)
         step_widths.append(int(np.diff(starts, append=level_sizes[t + 1]).max()))
         del starts
 
     report("widths", 0.7)
     arrays: dict[str, np.ndarray] = {}
-    arrays["dense_masks"], arrays["dense_states"] = _dense_head(level_tokens, lcp, vocab_size, d)
+    head = _dense_head(level_tokens, first_children, vocab_size, d)
+    arrays["dense_masks"], arrays["dense_states"] = head
     layout = IndexLayout.create(
         vocab_size=vocab_size,
         length=length,
@@ -234,18 +244,22 @@ def arrays_from_levels(
     make = np.zeros if padded else np.empty
     tokens = make(layout.num_tail_edges, dtype=token_dtype(vocab_size))
     # Every branching level fills its rows; with none, one zero pads the array.
+    given = indptr
     indptr = np.zeros(1, dtype=layout.indptr_dtype)
     if layout.num_indptr:
-        indptr = np.empty(layout.num_indptr, dtype=layout.indptr_dtype)
+        fits = (given is not None and given.shape == (layout.num_indptr,)
+                and given.dtype == layout.indptr_dtype and given.flags.writeable)  # fmt: skip
+        indptr = given if fits else np.empty(layout.num_indptr, dtype=layout.indptr_dtype)
     for t in range(d, length):
         edge0 = layout.edge_offsets[t]
         tokens[edge0 : edge0 + level_sizes[t + 1]] = level_tokens[t]
+        level_tokens[t] = None  # copied: the list is consumed, a level at a time
         if t in layout.indptr_offsets:
             row0 = layout.indptr_offsets[t]
             rows = indptr[row0 : row0 + layout.level_sizes[t] + 1]
             used = level_sizes[t]
             if step_widths[t] > 1 or not padded or capacity is not None:
-                rows[:used] = _parent_starts(lcp, t)
+                first_children(t, out=rows[:used])
                 rows[:used] += edge0
             else:  # one child per state: state i's edge is edge i
                 rows[:used] = np.arange(edge0, edge0 + used, dtype=rows.dtype)
@@ -260,7 +274,7 @@ def arrays_from_levels(
     arrays["tokens"] = tokens if tokens.size else np.zeros(1, tokens.dtype)
     arrays["indptr"] = indptr
     if leaf_item_ids is not None:
-        if padded:
+        if padded and leaf_item_ids.size != layout.num_members:  # else padded already
             ids = np.full(layout.num_members, -1, np.int64)
             ids[: leaf_item_ids.size] = leaf_item_ids
             leaf_item_ids = ids
@@ -324,9 +338,13 @@ def resolve_dense_levels(dense_levels, vocab_size: int, level_sizes, budget_byte
     return dense_levels
 
 
-def _parent_starts(lcp: np.ndarray, t: int) -> np.ndarray:
+def _parent_starts(lcp: np.ndarray, t: int, out=None) -> np.ndarray:
     """For the children of depth-t nodes, in order: where each parent starts."""
-    return np.flatnonzero(lcp[lcp <= t] <= t - 1)
+    starts = np.flatnonzero(lcp[lcp <= t] <= t - 1)
+    if out is None:
+        return starts
+    out[:] = starts
+    return out
 
 
 def _leaf_item_ids(sorted_ids: np.ndarray, unique: np.ndarray, policy: str) -> np.ndarray:
@@ -350,7 +368,7 @@ def _leaf_item_ids(sorted_ids: np.ndarray, unique: np.ndarray, policy: str) -> n
     return first
 
 
-def _dense_head(level_tokens, lcp, vocab_size: int, d: int):
+def _dense_head(level_tokens, first_children, vocab_size: int, d: int):
     """Bit-packed masks for steps `< d` and the state map after `d` tokens,
     from the nodes of each dense depth (their codes: parent code * V + token)."""
     words = dense_mask_words(vocab_size)
@@ -362,11 +380,9 @@ def _dense_head(level_tokens, lcp, vocab_size: int, d: int):
     codes = np.zeros(1, dtype=np.int64)  # the root's code
     row0 = 0
     for t in range(d):
-        # Depth-(t+1) nodes start where lcp <= t; a first child also starts
-        # its parent (lcp <= t - 1), so the parent of each is a count.
-        first_child = lcp[lcp <= t] <= t - 1
-        parents = codes[np.cumsum(first_child) - 1]
         tokens = level_tokens[t].astype(np.int64)
+        counts = np.diff(first_children(t), append=tokens.size)
+        parents = np.repeat(codes, counts)
         bits = np.zeros((vocab_size**t, words * 32), dtype=bool)
         bits[parents, tokens] = True
         packed = np.packbits(bits, axis=1, bitorder="little")

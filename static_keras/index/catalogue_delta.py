@@ -12,9 +12,9 @@ level, of the served trie with a few new nodes:
 2. from the leaves up, each served node keeps its place if a kept leaf or
    an added row lies below it (the kept leaves before each node are one
    gather of the level below's at the nodes' first children); the others
-   are deleted and the new nodes inserted (`np.insert`, one pass per level),
-   and each merged node's first leaf gives the merged rows' common prefix
-   lengths;
+   are deleted and the new nodes inserted (`np.insert`, one pass per level);
+   where each merged node's children start is a running sum of the served
+   child counts, corrected by the children that died or were born;
 3. the build's level pass (`builder.arrays_from_levels`) writes the CSR
    arrays, keeping the served dense depth, straight into the served
    capacities when the index has headroom.
@@ -35,11 +35,14 @@ from static_keras.index import tree_walk
 from static_keras.index.input_checks import check_duplicate_policy
 from static_keras.index.input_checks import validate_item_ids
 from static_keras.index.input_checks import validate_sequences
+from static_keras.index.member_catalogue import NO_ITEM
 from static_keras.index.member_catalogue import MemberCatalogue
 from static_keras.index.static_index import StaticIndex
 
 #: Offending ids an error message names.
 _SHOWN = 5
+#: Elements per slice where a full-size temporary would cost memory.
+_SLICE = 1 << 22
 
 
 def apply_delta(
@@ -94,8 +97,9 @@ def apply_delta_with_member_map(
     old_members, new_members)`, int64, served member `old_members[i]` is
     member `new_members[i]` of the new index (what carries eligibility sets
     over without a search by item id). `release_served=True` empties
-    `index` once the merge has read it (a job holding the only copy: the
-    new arrays are then built in the memory the served ones held)."""
+    `index` and `catalogue` once the merge has read them (a job holding
+    the only copy: the new arrays are then built in the memory the served
+    ones held)."""
     layout = index.layout
     if not layout.has_item_ids:
         raise ValueError(
@@ -157,24 +161,40 @@ def apply_delta_with_member_map(
         else:  # "last": the added item takes the leaf
             gone[member[kept_same]] = True
 
+    if release_served:  # every id is looked up
+        catalogue.release()
+    del catalogue
     kept = np.flatnonzero(~gone)
     if not kept.size and not ids.size:
         raise ValueError("The delta removes every item: an index needs at least one")
     leaf_ids = index.arrays["leaf_item_ids"][: layout.num_sequences]
     served = index
-    index = None
+    del index
     merge = _Merge(trie, gone, adds, inside, cursor)
-    level_tokens, lcp = merge.levels()
-    merged_ids = np.insert(leaf_ids[kept], merge.at, ids)
+    level_tokens = merge.levels()
     new_members = merge.kept_to_merged[:-1]  # where each kept member went
-    del trie, merge, leaf_ids
-    if release_served:
-        served._arrays.clear()
-    del served
+    # The merged item ids, in the served capacity when there is one (-1
+    # past the items), a slice at a time (no full-size temporary).
+    total = new_members.size + ids.size
+    fits = layout.has_headroom and total <= layout.num_members  # else the build says so
+    merged_ids = np.full(layout.num_members if fits else total, NO_ITEM, np.int64)
+    merged_ids[merge.add_leaf] = ids
+    for start in range(0, kept.size, _SLICE):
+        part = slice(start, start + _SLICE)
+        merged_ids[new_members[part]] = leaf_ids[kept[part]]
+    del leaf_ids
+    # The new row pointers are found level by level from the served ones:
+    # a job holding the only copy writes them over the served ones, level
+    # by level (the same offsets in the served capacities); the rest of the
+    # served arrays go first.
     capacity = layout.graph_shape() if layout.has_headroom else None
+    indptr = None
+    if release_served:
+        indptr = served._arrays["indptr"] if capacity is not None else None
+        served._arrays.clear()
     new_layout, arrays = builder.arrays_from_levels(
-        level_tokens, lcp, merged_ids, layout.vocab_size, layout.dense_levels, 0,
-        capacity=capacity,
+        level_tokens, merge.first_children, merged_ids, layout.vocab_size, layout.dense_levels,
+        0, capacity=capacity, indptr=indptr,
     )  # fmt: skip
     return StaticIndex(new_layout, arrays), kept, new_members
 
@@ -210,6 +230,17 @@ class _Levels:
                 parents = self.codes[u + 1] // vocab
                 self.dense_children.append(np.searchsorted(parents, np.append(self.codes[u], -1)))
                 self.dense_children[u][-1] = parents.size
+
+    def child_starts(self, u: int) -> tuple[np.ndarray, int]:
+        """`(starts, shift)`: the first child of every node of depth u and
+        one past the last, plus `shift` (a view of the row pointers where
+        depth u has them: no copy)."""
+        layout = self.layout
+        if u < layout.dense_levels or u not in layout.indptr_offsets:
+            return self.first_child(u), 0
+        row0 = layout.indptr_offsets[u]
+        rows = self.arrays["indptr"][row0 : row0 + layout.filled_level_sizes[u] + 1]
+        return rows, layout.edge_offsets[u]
 
     def first_child(self, u: int, nodes=None) -> np.ndarray:
         """The first child of `nodes` of depth u (all of them and one past
@@ -265,9 +296,12 @@ class _Merge:
     or an added row, and the added rows' new nodes inserted in order.
 
     Edits are few (a delta) and levels are long, so a depth costs a handful
-    of passes, from the leaves up: the kept leaves before each node (a
+    of passes: from the leaves up, the kept leaves before each node (a
     gather of the depth below's at its first children), a compare, a delete
-    of the dead nodes and an insert of the new ones; what the added rows
+    of the dead nodes and an insert of the new ones; then, per depth, where
+    each node's children start: the served child counts, less the dead
+    children, plus the new ones, the dead nodes deleted and the new ones
+    inserted as for the tokens, and a running sum. What the added rows
     index is a search over them."""
 
     def __init__(self, trie: _Levels, gone, adds, inside, cursor):
@@ -288,44 +322,76 @@ class _Merge:
         np.add.at(self.kept_to_merged, self.at, 1)
         np.cumsum(self.kept_to_merged, out=self.kept_to_merged)
         self.kept_to_merged += np.arange(kept + 1, dtype=dtype)
-        self.add_lcp = (
+        add_lcp = (
             builder._common_prefix_lengths([adds[:, t] for t in range(length)])
             if adds.shape[0] else np.zeros(0, np.int8)
         )  # fmt: skip
+        # Per depth u: the added rows that open a node there (their prefix
+        # is neither served nor the previous row's), the served nodes that
+        # die, and where the new nodes go once those are deleted.
+        none = np.zeros(0, np.int64)
+        self.opening = [none] + [
+            np.flatnonzero((self.inside < u) & (add_lcp < u)) for u in range(1, length + 1)
+        ]
+        self.dead = [none] * (length + 1)
+        self.where = [none] * (length + 1)
 
-    def levels(self):
-        """`(level_tokens, lcp)` of the merged trie (`arrays_from_levels`)."""
+    def levels(self) -> list[np.ndarray]:
+        """The tokens of each merged depth (`arrays_from_levels`'s
+        `level_tokens`); `first_children` reads what this finds."""
         length = self.trie.layout.length
-        total = int(self.kept_before[-1]) + self.adds.shape[0]
-        lcp = np.full(total, length - 1, np.int8 if length < 127 else np.int32)
         level_tokens = [None] * length
         kept_rank = self.kept_before  # depth L: the kept leaves before each leaf
-        for u in range(length, 0, -1):  # shallower depths overwrite: the first node a leaf starts
-            level_tokens[u - 1] = self._depth(u, kept_rank, lcp)
+        for u in range(length, 0, -1):
+            level_tokens[u - 1] = self._depth(u, kept_rank)
             kept_rank = kept_rank[self.trie.first_child(u - 1)]
-        if total:
-            lcp[0] = -1
-        return level_tokens, lcp
+        self.kept_before = None
+        # `first_children` reads the served row pointers only.
+        self.trie.tokens = None
+        self.trie.arrays = {"indptr": self.trie.arrays["indptr"]}
+        return level_tokens
 
-    def _depth(self, u: int, kept_rank, lcp) -> np.ndarray:
+    def _depth(self, u: int, kept_rank) -> np.ndarray:
         """The tokens of the merged nodes of depth u (`kept_rank`: kept
-        leaves before each served node, and one past); marks their first
-        leaves in `lcp` with `u - 1`."""
+        leaves before each served node, and one past)."""
         alive = kept_rank[1:] > kept_rank[:-1]
-        passing = np.flatnonzero(self.inside >= u)  # added rows through served nodes
-        node = self.cursor[passing, u]
-        alive[node] = True
+        alive[self.cursor[self.inside >= u, u]] = True  # added rows through served nodes
         dead = np.flatnonzero(~alive)
-        first = self.kept_to_merged[np.delete(kept_rank[:-1], dead)]
-        if passing.size:  # an added row may come first in its node (merged leaves)
-            np.minimum.at(first, node - np.searchsorted(dead, node), self.add_leaf[passing])
-        lcp[first] = u - 1
-        opening = np.flatnonzero((self.inside < u) & (self.add_lcp < u))  # new nodes
-        lcp[self.add_leaf[opening]] = u - 1
+        del alive
+        opening = self.opening[u]
         where = self.cursor[opening, u]
         where -= np.searchsorted(dead, where, side="left")
+        self.dead[u], self.where[u] = dead, where
         new_tokens = self.adds[opening, u - 1].astype(self.trie.tokens[u].dtype)
         return np.insert(np.delete(self.trie.tokens[u], dead), where, new_tokens)
+
+    def first_children(self, t: int, out=None) -> np.ndarray:
+        """Where the children of each merged node of depth t start among
+        the merged nodes of depth t + 1 (after `levels`), written into
+        `out` when given."""
+        u = t + 1
+        served_starts, shift = self.trie.child_starts(t)  # (read-only, served + shift)
+        counts = np.diff(served_starts)
+        # Dead children leave their served parent ...
+        # (keys in the starts' dtype: a mixed search converts the whole level)
+        dead = (self.dead[u] + shift).astype(served_starts.dtype)
+        np.subtract.at(counts, np.searchsorted(served_starts, dead, side="right") - 1, 1)
+        del served_starts, dead
+        # ... new children join theirs: a served node, or a new node of depth
+        # t (the one the last row opening at depth t at or before them opened).
+        rows = self.opening[u]
+        on_served = self.inside[rows] >= t
+        np.add.at(counts, self.cursor[rows[on_served], t], 1)
+        if self.dead[t].size:  # a dead node has no child left
+            counts = np.delete(counts, self.dead[t])
+        if t and self.opening[t].size:
+            parent = np.searchsorted(self.opening[t], rows[~on_served], side="right") - 1
+            new_counts = np.bincount(parent, minlength=self.opening[t].size)
+            counts = np.insert(counts, self.where[t], new_counts.astype(counts.dtype))
+        starts = np.empty(counts.size, counts.dtype) if out is None else out
+        starts[0] = 0
+        np.cumsum(counts[:-1], out=starts[1:], dtype=starts.dtype)
+        return starts
 
 
 def _added(index, sequences, item_ids) -> tuple[np.ndarray, np.ndarray]:

@@ -134,6 +134,11 @@ class MemberCatalogue:
             ids = index.archive_arrays()[layout.member_ids_array]
         return cls(ids, index.num_members)
 
+    def release(self) -> None:
+        """Drops the arrays (a job that holds the only copy and has looked
+        up what it needs): afterwards only `num_members` answers."""
+        self._ids = self._table = self._sorted_ids = self._sorted_members = None
+
     @property
     def item_ids(self) -> np.ndarray:
         """int64 `[num_members]`: the item id of each member."""
