@@ -103,15 +103,16 @@ def read_tensors(prefix: str, keys, dtypes=None) -> dict[str, np.ndarray]:
         with open(_shard(prefix, entry["shard_id"], header["num_shards"]), "rb") as file:
             file.seek(entry["offset"])
             target = dtype if target is None else np.dtype(target)
-            value, crc = _read_converted(file, entry["size"], dtype, target)
+            value, crc = _read_array(file, entry["size"], dtype, target)
         if crc is None or mask_crc32c(crc) != entry["crc32c"]:
             raise ValueError(f"{prefix}: tensor {key!r} does not match its checksum (corrupt)")
         out[key] = value.reshape(entry["shape"])
     return out
 
 
-def _read_converted(file, size: int, stored: np.dtype, target: np.dtype):
-    """`(array of `target`, CRC-32C or None when short)` of `size` stored bytes."""
+def _read_array(file, size: int, stored: np.dtype, target: np.dtype):
+    """`(array of `target`, CRC-32C or None when short)` of `size` stored
+    bytes, read and converted a chunk at a time into a writable array."""
     value = np.empty(size // stored.itemsize, target)
     crc, done, step = 0, 0, _CHUNK * stored.itemsize
     while done < size:

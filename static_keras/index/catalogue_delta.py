@@ -232,29 +232,28 @@ class _Levels:
                 self.dense_children[u][-1] = parents.size
 
     def child_starts(self, u: int) -> tuple[np.ndarray, int]:
-        """`(starts, shift)`: the first child of every node of depth u and
-        one past the last, plus `shift` (a view of the row pointers where
-        depth u has them: no copy)."""
+        """`(starts, shift)`: `starts - shift` is the first child of every
+        node of depth u and one past the last (`starts` a view of the row
+        pointers where depth u has them: no copy)."""
         layout = self.layout
-        if u < layout.dense_levels or u not in layout.indptr_offsets:
-            return self.first_child(u), 0
+        if u < layout.dense_levels:
+            return self.dense_children[u], 0
+        count = layout.filled_level_sizes[u] + 1
+        if u not in layout.indptr_offsets:  # one child per state
+            return np.arange(count, dtype=self.dtype), 0
         row0 = layout.indptr_offsets[u]
-        rows = self.arrays["indptr"][row0 : row0 + layout.filled_level_sizes[u] + 1]
-        return rows, layout.edge_offsets[u]
+        return self.arrays["indptr"][row0 : row0 + count], layout.edge_offsets[u]
 
     def first_child(self, u: int, nodes=None) -> np.ndarray:
         """The first child of `nodes` of depth u (all of them and one past
         the last when None)."""
-        layout, d = self.layout, self.layout.dense_levels
-        if u < d:
-            children = self.dense_children[u]
-            return children if nodes is None else children[nodes]
-        count = layout.filled_level_sizes[u] + 1
-        if u not in layout.indptr_offsets:  # one child per state
-            return np.arange(count, dtype=self.dtype) if nodes is None else nodes
-        row0, edge0 = layout.indptr_offsets[u], layout.edge_offsets[u]
-        rows = self.arrays["indptr"][row0 : row0 + count]
-        return rows - edge0 if nodes is None else rows[nodes] - edge0
+        layout = self.layout
+        if nodes is not None and u >= layout.dense_levels and u not in layout.indptr_offsets:
+            return nodes  # one child per state
+        starts, shift = self.child_starts(u)
+        if nodes is not None:
+            starts = starts[nodes]
+        return starts - shift if shift else starts
 
     def locate(self, rows: np.ndarray):
         """Per added row: `inside` (the depth to which its prefix is a served
