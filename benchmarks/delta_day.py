@@ -52,6 +52,7 @@ def run(args) -> list[dict]:
     from static_keras import CachedTransformerDecoder
     from static_keras import ConstrainedBeamSearch
     from static_keras import ConstrainedDecoding
+    from static_keras import Eligibility
     from static_keras import StaticIndex
     from static_keras.export import publish
     from static_keras.export import read_eligibility
@@ -141,8 +142,9 @@ def run(args) -> list[dict]:
         set_ids = np.zeros(16, np.int32)
         excluded = rng.choice(ids, (16, 4)).astype(np.int64)
         members = MemberCatalogue.from_index(full).exclusion_members(excluded)
+        restricted = Eligibility(set_ids, members)
         want_plain = np.asarray(oracle(contexts)["item_ids"])
-        want_restricted = np.asarray(oracle(contexts, set_ids, members)["item_ids"])
+        want_restricted = np.asarray(oracle(contexts, eligibility=restricted)["item_ids"])
         got_plain = client.predict(MODEL, {"history": contexts})["item_ids"]
         got_restricted = client.predict(
             MODEL, {"history": contexts, "set_id": set_ids, "excluded_item_ids": excluded},

@@ -47,9 +47,9 @@ def _measure(n: int, vocab_size: int, length: int, dense_levels: int, seed: int)
     from static_keras.index.dense_eligibility import dense_eligibility_masks
     from static_keras.index.eligibility import EligibilitySets
     from static_keras.index.eligibility import MemberCatalogue
-    from static_keras.layers.derived_dense_masks import code_fields
-    from static_keras.layers.derived_dense_masks import eligibility_windows
-    from static_keras.layers.derived_dense_masks import mask_fields
+    from static_keras.kernels.derived_dense_masks import code_fields
+    from static_keras.kernels.derived_dense_masks import eligibility_windows
+    from static_keras.kernels.derived_dense_masks import mask_fields
 
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, vocab_size, size=(n, length), dtype=np.uint16)

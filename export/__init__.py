@@ -12,19 +12,19 @@ from static_keras.export.catalogue_update import CatalogueUpdateInfo
 from static_keras.export.catalogue_update import catalogue_fingerprint
 from static_keras.export.catalogue_update import read_served_index
 from static_keras.export.catalogue_update import update_catalogue
-from static_keras.export.check import CheckReport
-from static_keras.export.check import SavedModelCheckError
-from static_keras.export.check import check_saved_model
 from static_keras.export.eligibility_refresh import EligibilityRefreshInfo
 from static_keras.export.eligibility_refresh import read_eligibility
 from static_keras.export.eligibility_refresh import refresh_eligibility
 from static_keras.export.metadata import index_from_layer
 from static_keras.export.metadata import read_metadata
 from static_keras.export.publish import PublishInfo
-from static_keras.export.publish import list_versions
 from static_keras.export.publish import newest_good_version
 from static_keras.export.publish import publish
 from static_keras.lazy_names import lazy_names
+from static_keras.serving.saved_model_check import CheckReport
+from static_keras.serving.saved_model_check import SavedModelCheckError
+from static_keras.serving.saved_model_check import check_saved_model
+from static_keras.serving.versions import list_versions
 
 # name -> the module that defines it (TensorFlow or Keras on import)
 _LAZY = {

@@ -38,20 +38,23 @@ from typing import Mapping
 
 import numpy as np
 
+from static_keras.constraint import dense_edge_rows
 from static_keras.export import checkpoint_patch
-from static_keras.export.eligibility_refresh import DENSE_MASKS
-from static_keras.export.eligibility_refresh import TABLE_IDS
-from static_keras.export.eligibility_refresh import TABLE_MEMBERS
-from static_keras.export.eligibility_refresh import TABLES_ATTRIBUTE
-from static_keras.export.eligibility_refresh import _checkpoint_key
-from static_keras.export.eligibility_refresh import _prefix
-from static_keras.export.eligibility_refresh import _top_level
 from static_keras.export.leftovers import DEFAULT_STALE_AFTER_SECONDS
 from static_keras.export.metadata import METADATA_FILENAME
 from static_keras.export.metadata import read_metadata
-from static_keras.export.publish import publish_staged
-from static_keras.export.publish import removed_source_is_a_conflict
-from static_keras.export.publish import source_version_for
+from static_keras.export.served_tensors import DENSE_MASKS
+from static_keras.export.served_tensors import FINGERPRINT
+from static_keras.export.served_tensors import MODEL_VARIABLES
+from static_keras.export.served_tensors import TABLE_IDS
+from static_keras.export.served_tensors import TABLE_MEMBERS
+from static_keras.export.served_tensors import TABLES_ATTRIBUTE
+from static_keras.export.served_tensors import checkpoint_key
+from static_keras.export.served_tensors import checkpoint_prefix
+from static_keras.export.served_tensors import top_level_only
+from static_keras.export.staging import publish_staged
+from static_keras.export.staging import removed_source_is_a_conflict
+from static_keras.export.staging import source_version_for
 from static_keras.export.version_lock import PublishConflict
 from static_keras.index import archive
 from static_keras.index import dense_eligibility
@@ -63,11 +66,9 @@ from static_keras.index.headroom import CapacityError
 from static_keras.index.layout import IndexLayout
 from static_keras.index.member_catalogue import MemberCatalogue
 from static_keras.index.static_index import StaticIndex
-from static_keras.layers import dense_edge_rows
 
 #: The metadata entry `export_saved_model` writes for an index with headroom.
 UPDATE_ENTRY = "catalogue_update"
-_FINGERPRINT = "fingerprint.pb"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,18 +106,18 @@ def _read_served(path: str, metadata: dict, info: dict, sets: bool = True):
     scatter of the exclusion table)."""
     layout = IndexLayout.from_config(_index_entry(metadata, info)["layout"])
     shapes = layout.array_shapes()
-    keys = {name: _checkpoint_key("model_variables", info["variables"][name]) for name in shapes}
+    keys = {name: checkpoint_key(MODEL_VARIABLES, info["variables"][name]) for name in shapes}
     eligibility = metadata.get("eligibility") if sets else None
     if eligibility:
         roles = eligibility["variables"]
-        keys["words"] = _checkpoint_key("model_variables", roles["eligibility_words"])
-        keys["directory"] = _checkpoint_key("model_variables", roles["eligibility_directory"])
-        keys["ids"] = _checkpoint_key(TABLES_ATTRIBUTE, TABLE_IDS)
-        keys["members"] = _checkpoint_key(TABLES_ATTRIBUTE, TABLE_MEMBERS)
+        keys["words"] = checkpoint_key(MODEL_VARIABLES, roles["eligibility_words"])
+        keys["directory"] = checkpoint_key(MODEL_VARIABLES, roles["eligibility_directory"])
+        keys["ids"] = checkpoint_key(TABLES_ATTRIBUTE, TABLE_IDS)
+        keys["members"] = checkpoint_key(TABLES_ATTRIBUTE, TABLE_MEMBERS)
     # Each array in the layout's dtype, converted as it is read (tokens are
     # stored as int32 where TensorFlow gathers them).
     dtypes = {keys[name]: shapes[name][1] for name in shapes}
-    tensors = checkpoint_patch.read_tensors(_prefix(path), keys.values(), dtypes)
+    tensors = checkpoint_patch.read_tensors(checkpoint_prefix(path), keys.values(), dtypes)
     arrays = {name: tensors.pop(keys[name]) for name in shapes}
     index = StaticIndex(layout, arrays)
     if not eligibility:
@@ -285,7 +286,7 @@ def _new_tensors(source: str, delta: dict, add_to_sets) -> dict:
             values.update(dense_fields.member_range_arrays(layout, arrays, windows))
         except ValueError as error:
             raise CapacityError(f"{error}. Publish it in full with more headroom") from None
-    replaced = {_checkpoint_key("model_variables", held[name]): value
+    replaced = {checkpoint_key(MODEL_VARIABLES, held[name]): value
                 for name, value in values.items()}  # fmt: skip
     new_metadata = dict(metadata)
     entry = _index_entry(metadata, info)
@@ -357,17 +358,17 @@ def _set_tensors(metadata: dict, sets, boundaries) -> dict:
             dense["vocab_size"], dense["dense_levels"], boundaries, sets,
             stored_levels=dense.get("stored_levels"),
         )  # fmt: skip
-    out = {_checkpoint_key("model_variables", keys[name]): array
+    out = {checkpoint_key(MODEL_VARIABLES, keys[name]): array
            for name, array in arrays.items()}  # fmt: skip
     ids, members = sets.catalogue.exclusion_table()
-    out[_checkpoint_key(TABLES_ATTRIBUTE, TABLE_IDS)] = ids
-    out[_checkpoint_key(TABLES_ATTRIBUTE, TABLE_MEMBERS)] = members.astype(np.int32)
+    out[checkpoint_key(TABLES_ATTRIBUTE, TABLE_IDS)] = ids
+    out[checkpoint_key(TABLES_ATTRIBUTE, TABLE_MEMBERS)] = members.astype(np.int32)
     return out
 
 
 def _stage(source: str, staging: str, tensors: dict, source_version: int, check: bool) -> None:
     """Stages at `staging` the version at `source` with `tensors` in place."""
-    prefix = _prefix(source)
+    prefix = checkpoint_prefix(source)
     specs = checkpoint_patch.tensor_specs(prefix)
     replaced = {}
     for key, value in tensors["replaced"].items():
@@ -379,9 +380,9 @@ def _stage(source: str, staging: str, tensors: dict, source_version: int, check:
         if not np.can_cast(value.dtype, dtype, "safe"):
             raise ValueError(f"{key}: the new value is {value.dtype}, the tensor {dtype}")
         replaced[key] = value  # cast a chunk at a time as it is written
-    shutil.copytree(source, staging, ignore=_top_level("variables", _FINGERPRINT))
+    shutil.copytree(source, staging, ignore=top_level_only("variables", FINGERPRINT))
     os.makedirs(os.path.join(staging, "variables"))
-    checkpoint_patch.replace_tensors(prefix, _prefix(staging), replaced)
+    checkpoint_patch.replace_tensors(prefix, checkpoint_prefix(staging), replaced)
     metadata = dict(tensors["metadata"])
     metadata["catalogue_delta"] = {
         **metadata["catalogue_delta"],
@@ -392,7 +393,7 @@ def _stage(source: str, staging: str, tensors: dict, source_version: int, check:
     with open(os.path.join(staging, "assets", METADATA_FILENAME), "w") as file:
         json.dump(metadata, file, indent=2, sort_keys=True)
     if check:  # every written tensor read back against the CRC taken as it was written
-        new = _prefix(staging)
+        new = checkpoint_prefix(staging)
         if checkpoint_patch.tensor_specs(new) != specs:
             raise ValueError("The updated checkpoint does not hold the source's tensors")
         checkpoint_patch.verify_tensors(new, replaced)

@@ -24,9 +24,14 @@ from typing import Mapping
 import numpy as np
 import tensorflow as tf
 
-from static_keras.export.eligibility_refresh import TABLE_IDS
-from static_keras.export.eligibility_refresh import TABLE_MEMBERS
+from static_keras.constraint.eligibility_request import Eligibility
+from static_keras.export.input_checks import check_batch
+from static_keras.export.input_checks import check_ids
+from static_keras.export.input_checks import check_width
 from static_keras.export.model_layers import beam_searches
+from static_keras.export.served_tensors import TABLE_IDS
+from static_keras.export.served_tensors import TABLE_MEMBERS
+from static_keras.kernels.eligibility_kernels import MAX_DYNAMIC_EXCLUDED
 
 ELIGIBLE_SIGNATURE = "serving_eligible"
 SET_ID_INPUT = "set_id"
@@ -49,9 +54,9 @@ def eligible_search(model):
     return found[0] if found else None
 
 
-def exclusion_tables(constraint) -> dict[str, tf.Variable]:
+def exclusion_tables(search) -> dict[str, tf.Variable]:
     """Sorted item ids and their members, as variables (never graph constants)."""
-    ids, members = constraint.catalogue().exclusion_table()
+    ids, members = search.constraint.catalogue().exclusion_table()
     return {
         TABLE_IDS: tf.Variable(ids, trainable=False, name=TABLE_IDS),
         TABLE_MEMBERS: tf.Variable(members.astype(np.int32), trainable=False, name=TABLE_MEMBERS),
@@ -82,26 +87,23 @@ def excluded_members(item_ids, sorted_ids, sorted_members, num_members: int) -> 
     return tf.where(members == previous, num_members, members)
 
 
-def check_batch(name: str, tensor: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
-    """`tensor`, once its leading dimension is known to be `batch`."""
-    check = tf.debugging.Assert(
-        tf.equal(tf.shape(tensor)[0], batch),
-        [f"Input {name!r}: `{name}` must have one row per batch row: expected", batch,
-         "rows. Received rows:", tf.shape(tensor)[0]],
+def request_eligibility(search, tables, request: Mapping[str, tf.Tensor], batch) -> Eligibility:
+    """The search's `Eligibility` from a request's `set_id` and
+    `excluded_item_ids` (checked: set ids in `[-1, num_sets)`, a row per
+    batch row, at most `MAX_DYNAMIC_EXCLUDED` ids a row; item ids mapped to
+    member numbers with `tables`, those outside the catalogue dropped)."""
+    constraint = search.constraint
+    set_ids = check_ids(
+        SET_ID_INPUT, request[SET_ID_INPUT], -1, constraint.num_eligibility_sets,
+        "-1: no set, else a set id",
     )  # fmt: skip
-    with tf.control_dependencies([check]):
-        return tf.identity(tensor)
-
-
-def check_width(name: str, tensor: tf.Tensor, most: int) -> tf.Tensor:
-    """`tensor` `[B, E]`, once `E <= most` is known (the step's search of a
-    row's exclusions covers that many when E is not static)."""
-    check = tf.debugging.Assert(
-        tf.less_equal(tf.shape(tensor)[1], most),
-        [f"Input {name!r} may hold at most {most} ids per row; received", tf.shape(tensor)[1]],
+    set_ids = check_batch(SET_ID_INPUT, set_ids, batch)
+    excluded_ids = check_batch(EXCLUDED_INPUT, request[EXCLUDED_INPUT], batch)
+    excluded_ids = check_width(EXCLUDED_INPUT, excluded_ids, MAX_DYNAMIC_EXCLUDED)
+    excluded = excluded_members(
+        excluded_ids, tables[TABLE_IDS], tables[TABLE_MEMBERS], constraint.layout.num_members
     )
-    with tf.control_dependencies([check]):
-        return tf.identity(tensor)
+    return Eligibility(set_ids, excluded)
 
 
 def signature_metadata(search, variable_keys: Mapping[int, str]) -> dict:

@@ -27,24 +27,24 @@ from static_keras.export import checkpoint_patch
 from static_keras.export.leftovers import DEFAULT_STALE_AFTER_SECONDS
 from static_keras.export.metadata import METADATA_FILENAME
 from static_keras.export.metadata import read_metadata
-from static_keras.export.publish import publish_staged
-from static_keras.export.publish import removed_source_is_a_conflict
-from static_keras.export.publish import source_version_for
+from static_keras.export.served_tensors import DENSE_BOUNDARIES
+from static_keras.export.served_tensors import DENSE_MASKS
+from static_keras.export.served_tensors import FINGERPRINT
+from static_keras.export.served_tensors import MODEL_VARIABLES
+from static_keras.export.served_tensors import TABLE_IDS
+from static_keras.export.served_tensors import TABLE_MEMBERS
+from static_keras.export.served_tensors import TABLES_ATTRIBUTE
+from static_keras.export.served_tensors import checkpoint_key
+from static_keras.export.served_tensors import checkpoint_prefix
+from static_keras.export.served_tensors import top_level_only
+from static_keras.export.staging import publish_staged
+from static_keras.export.staging import removed_source_is_a_conflict
+from static_keras.export.staging import source_version_for
 from static_keras.export.version_lock import PublishConflict
 from static_keras.index import dense_eligibility
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.member_catalogue import MemberCatalogue
 from static_keras.index.member_catalogue import catalogue_fingerprint
-
-#: Weights of a semantic-ID layer derived from the sets, and what they derive from.
-DENSE_MASKS, DENSE_BOUNDARIES = "eligibility_dense", "dense_boundaries"
-#: The exclusion tables on the serving module: `module.<attribute>[name]`.
-TABLES_ATTRIBUTE = "eligibility_tables"
-TABLE_IDS = "eligibility_sorted_item_ids"
-TABLE_MEMBERS = "eligibility_sorted_members"
-_CHECKPOINT_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
-#: TensorFlow's fingerprint of a SavedModel, which hashes its checkpoint index.
-_FINGERPRINT = "fingerprint.pb"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,12 +65,6 @@ class EligibilityRefreshInfo:
     quarantined_paths: tuple[str, ...] = ()
 
 
-def _checkpoint_key(*path: str) -> str:
-    """The checkpoint key of `module.<path>` (TF escapes "." and "/" in names)."""
-    escaped = (part.replace(".", "..").replace("/", ".S") for part in path)
-    return "/".join(escaped) + _CHECKPOINT_SUFFIX
-
-
 def read_eligibility(saved_model_dir: str | os.PathLike) -> EligibilitySets:
     """The eligibility sets an exported version holds (from its checkpoint)."""
     path = os.fspath(saved_model_dir)
@@ -83,12 +77,12 @@ def read_eligibility(saved_model_dir: str | os.PathLike) -> EligibilitySets:
         )
     keys = info["variables"]
     names = {
-        "ids": _checkpoint_key(TABLES_ATTRIBUTE, TABLE_IDS),
-        "members": _checkpoint_key(TABLES_ATTRIBUTE, TABLE_MEMBERS),
-        "words": _checkpoint_key("model_variables", keys["eligibility_words"]),
-        "directory": _checkpoint_key("model_variables", keys["eligibility_directory"]),
+        "ids": checkpoint_key(TABLES_ATTRIBUTE, TABLE_IDS),
+        "members": checkpoint_key(TABLES_ATTRIBUTE, TABLE_MEMBERS),
+        "words": checkpoint_key(MODEL_VARIABLES, keys["eligibility_words"]),
+        "directory": checkpoint_key(MODEL_VARIABLES, keys["eligibility_directory"]),
     }
-    tensors = checkpoint_patch.read_tensors(_prefix(path), names.values())
+    tensors = checkpoint_patch.read_tensors(checkpoint_prefix(path), names.values())
     ids, members, words, directory = (tensors[names[n]] for n in names)
     catalogue = MemberCatalogue.from_sorted(
         ids, members, info["num_members"], has_item_ids=info.get("has_item_ids", True)
@@ -111,10 +105,6 @@ def _before_identity(catalogue: MemberCatalogue) -> str | None:
     digest = hashlib.sha256(f"members:{catalogue.num_members};".encode())
     digest.update(np.arange(catalogue.num_members, dtype="<i8").data)
     return digest.hexdigest()
-
-
-def _prefix(saved_model_dir: str) -> str:
-    return os.path.join(saved_model_dir, "variables", "variables")
 
 
 def refresh_eligibility(
@@ -236,7 +226,7 @@ def write_with_sets(source: str, staging: str, sets: EligibilitySets, note: dict
     # TensorFlow's fingerprint.pb hashes the checkpoint index: the source's
     # would name the source, and the loader reads it only for metrics, so
     # the refreshed version has none.
-    shutil.copytree(source, staging, ignore=_top_level("variables", _FINGERPRINT))
+    shutil.copytree(source, staging, ignore=top_level_only("variables", FINGERPRINT))
     info = metadata["eligibility"]
     replaced = _rewrite_checkpoint(
         source, staging, info["variables"], sets, info.get("dense_masks")
@@ -287,18 +277,6 @@ def _change(current: EligibilitySets, sets: EligibilitySets, asked) -> dict:
     return change
 
 
-def _top_level(*skipped: str):
-    """A `copytree` ignore function that skips `skipped` names at the top only."""
-    top = []
-
-    def ignore(folder, names):
-        if not top:
-            top.append(folder)
-        return [name for name in skipped if name in names] if folder == top[0] else []
-
-    return ignore
-
-
 def _new_sets(current: EligibilitySets, eligibility_sets) -> EligibilitySets:
     if isinstance(eligibility_sets, EligibilitySets):
         if eligibility_sets.names != current.names:
@@ -330,11 +308,11 @@ def _rewrite_checkpoint(
     the eligibility words and directory replaced, and the dense-step masks
     derived from them (`dense`: their metadata, or None). Only those bytes
     are written (`checkpoint_patch`); returns what was replaced, by key."""
-    source = _prefix(source_dir)
+    source = checkpoint_prefix(source_dir)
     arrays = sets.device_arrays()
     if dense is not None:
         names = {
-            name: _checkpoint_key("model_variables", keys[name])
+            name: checkpoint_key(MODEL_VARIABLES, keys[name])
             for name in ("eligibility_words", DENSE_MASKS, DENSE_BOUNDARIES)
         }
         held = checkpoint_patch.read_tensors(source, names.values())
@@ -348,10 +326,10 @@ def _rewrite_checkpoint(
             stored_levels=dense.get("stored_levels"),  # absent before derived rows: all
         )
     replaced = {
-        _checkpoint_key("model_variables", keys[name]): array for name, array in arrays.items()
+        checkpoint_key(MODEL_VARIABLES, keys[name]): array for name, array in arrays.items()
     }
     os.makedirs(os.path.join(saved_model_dir, "variables"))
-    checkpoint_patch.replace_tensors(source, _prefix(saved_model_dir), replaced)
+    checkpoint_patch.replace_tensors(source, checkpoint_prefix(saved_model_dir), replaced)
     return replaced
 
 
@@ -360,8 +338,10 @@ def _verify_checkpoint(source_dir: str, saved_model_dir: str, replaced) -> None:
     restore of `LoadSavedModel` checks each tensor's CRC-32C the same way):
     the same tensors, dtypes and shapes as the source's, the replaced values
     as written. ValueError otherwise."""
-    new = _prefix(saved_model_dir)
-    if checkpoint_patch.tensor_specs(new) != checkpoint_patch.tensor_specs(_prefix(source_dir)):
+    new = checkpoint_prefix(saved_model_dir)
+    if checkpoint_patch.tensor_specs(new) != checkpoint_patch.tensor_specs(
+        checkpoint_prefix(source_dir)
+    ):
         raise ValueError("The refreshed checkpoint does not hold the source's tensors")
     for key, value in checkpoint_patch.read_tensors(new, replaced).items():
         if not np.array_equal(value, replaced[key]):

@@ -90,81 +90,12 @@ def replace_index(
 
 
 def _copy_with(model: keras.Model, old: ConstrainedBeamSearch, new: ConstrainedBeamSearch):
-    """`clone_model(model, clone_function=lambda l: new if l is old else l)`,
-    without tracing the beam search again.
-
-    Calling `new` on the copy's symbolic inputs would trace the whole search
-    (every decoder step: most of a swap's time) only to find
-    the output specs `old` already has: the search's outputs are fixed by
-    its settings, its decoder (both the same here), and its constraint's
-    length and item ids (checked). So `new` is called as usual (build,
-    node, masks), its output spec taken from `old`'s node. Where `old` is
-    called more than once, on other input specs, or the constraints'
-    weights differ in kind or dtype, `new` is traced as `clone_model` does.
-    """
-    clone = lambda layer: new if layer is old else layer  # noqa: E731
-    nodes = [
-        node
-        for depth in getattr(model, "_nodes_by_depth", {}).values()
-        for node in depth
-        if node.operation is old
-    ]
-    if (
-        isinstance(model, keras.Sequential)
-        or len(nodes) != 1
-        or any(x.sparse or x.ragged for x in nodes[0].outputs)
-        or not _same_outputs(old, new)
-    ):
-        return keras.models.clone_model(model, clone_function=clone)
-    (node,) = nodes
-    specs = [(x.shape, x.dtype) for x in node.outputs]
-    inputs = _specs(node.arguments.keras_tensors)
-
-    def known_outputs(*args, **kwargs):
-        outputs = [keras.KerasTensor(shape, dtype=dtype) for shape, dtype in specs]
-        return outputs if len(outputs) > 1 else outputs[0]
-
-    def call(layer, *args, **kwargs):
-        if layer is not new or _specs(keras.tree.flatten((args, kwargs))) != inputs:
-            return layer(*args, **kwargs)
-        # Untracked, and only for this call: `Layer.__call__` asks it for
-        # the outputs of a symbolic call.
-        object.__setattr__(new, "compute_output_spec", known_outputs)
-        try:
-            return new(*args, **kwargs)
-        finally:
-            object.__delattr__(new, "compute_output_spec")
-
-    return keras.models.clone_model(model, clone_function=clone, call_function=call)
-
-
-def _same_outputs(old: ConstrainedBeamSearch, new: ConstrainedBeamSearch) -> bool:
-    """Whether `new` returns what `old` does (same settings and decoder,
-    and the same index weights, by name and dtype: item ids included)."""
-    settings = ("decoder", "beam_size", "num_results", "dense_top_k", "length")
-    settings += ("distinct_items", "outputs")
-    if type(new) is not type(old) or any(
-        getattr(new, name) is not getattr(old, name) and getattr(new, name) != getattr(old, name)
-        for name in settings
-    ):
-        return False
-    a, b = old.constraint, new.constraint
-    dtypes = lambda c: {name: w.dtype for name, w in c.index_weights.items()}  # noqa: E731
-    return (
-        type(a) is type(b)
-        and (a.length, a.vocab_size, a.eos_token_id) == (b.length, b.vocab_size, b.eos_token_id)
-        and a.has_item_ids == b.has_item_ids
-        and dtypes(a) == dtypes(b)
+    """`model` with `new` in place of `old`, every other layer shared. The
+    copy does not trace the beam search again: a built search knows its
+    output specs from its settings (`ConstrainedBeamSearch.compute_output_spec`)."""
+    return keras.models.clone_model(
+        model, clone_function=lambda layer: new if layer is old else layer
     )
-
-
-def _specs(values) -> list:
-    """Shape, dtype, sparse and ragged of each KerasTensor in `values`."""
-    return [
-        (tuple(x.shape), x.dtype, x.sparse, x.ragged)
-        for x in values
-        if isinstance(x, keras.KerasTensor)
-    ]
 
 
 def _sets_for_new_index(constraint, index, eligibility) -> EligibilitySets | None:

@@ -13,18 +13,18 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from static_keras.export import eligibility as eligible
-from static_keras.export import eligibility_refresh
+from static_keras.export import signatures as served
+from static_keras.export.input_checks import check_ids
+from static_keras.export.input_checks import check_shape
 from static_keras.export.leftovers import temporary_prefix
 from static_keras.export.metadata import METADATA_FILENAME
 from static_keras.export.metadata import catalogue_update_metadata
 from static_keras.export.metadata import model_metadata
-from static_keras.export.warmup import WARMUP_FILENAME
-from static_keras.export.warmup import write_warmup_requests
-from static_keras.layers.eligibility_kernels import MAX_DYNAMIC_EXCLUDED
+from static_keras.serving.warmup import WARMUP_FILENAME
+from static_keras.serving.warmup import write_warmup_requests
 from static_keras.tensorflow_log_lines import notes_hidden
 
-SIGNATURE = "serving_default"
+SIGNATURE = served.PLAIN.name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,51 +89,6 @@ def context_id_ranges(model: keras.Model) -> dict[str, tuple[int, int]]:
     if not isinstance(decoder, CachedTransformerDecoder):
         return {}
     return {integer[0].name: (0, int(decoder.context_vocab_size))}
-
-
-def _check_shape(name: str, tensor: tf.Tensor, spec: tf.TensorSpec) -> tf.Tensor:
-    """`tensor`, once its shape is known to be `spec`'s (any batch), else
-    InvalidArgument naming the input and both shapes. TF Serving feeds a
-    request's tensors as they come (its `Session::Run` does not hold them
-    to the signature's shape), and a history of another length than the
-    model was built for would be answered without a word."""
-    expected = spec.shape.as_list()[1:]
-    if not expected:
-        return tensor
-    shape = tf.shape(tensor, out_type=tf.int64)
-    # Only the dimensions: the rank is the placeholder's to grappler, which
-    # folds a rank check away (a request of another rank fails in the model).
-    padded = tf.concat([shape[1:], tf.fill([len(expected)], tf.constant(-1, tf.int64))], 0)
-    same = tf.reduce_all(tf.equal(padded[: len(expected)], expected))
-    dims = ", ".join(str(d) for d in expected)
-    check = tf.debugging.Assert(
-        same,
-        [f"Input {name!r} must have shape [batch, {dims}] (what the model was built for); "
-         "received shape", shape],
-    )  # fmt: skip
-    with tf.control_dependencies([check]):
-        return tf.identity(tensor)
-
-
-def _check_ids(
-    name: str, tensor: tf.Tensor, low: int, high: int, what: str = "the rows of its embedding"
-) -> tf.Tensor:
-    """`tensor`, once every id is known to be in [low, high) (else InvalidArgument).
-
-    On GPU an out-of-range gather returns zeros and Keras' `take` wraps
-    negative ids, so the signature checks ids itself. The model reads the
-    checked tensor, so the check runs first and its message is the one sent.
-    """
-    inside = tf.reduce_all(
-        (tensor >= tf.cast(low, tensor.dtype)) & (tensor < tf.cast(high, tensor.dtype))
-    )
-    check = tf.debugging.Assert(
-        inside,
-        [f"Input {name!r} holds ids outside [{low}, {high}) ({what}); "
-         "smallest and largest:", tf.reduce_min(tensor), tf.reduce_max(tensor)],
-    )  # fmt: skip
-    with tf.control_dependencies([check]):
-        return tf.identity(tensor)
 
 
 def export_saved_model(
@@ -219,6 +174,43 @@ def export_saved_model(
     input_names = [spec.name for spec in specs]
     module = _ServingModule(model)
 
+    ranges = _checked_ranges(model, input_ranges, input_names)
+
+    # Served through `signatures` only: a tf.function attribute on the module
+    # would be listed for serialization, which traced it again (about half
+    # the export's time).
+    signatures, written = {}, []
+    for declared in served.SIGNATURES:
+        function = _serving_function(model, module, declared, specs, ranges, xla)
+        if function is not None:
+            signatures[declared.name] = function
+            written.append(declared)
+    output_names = tuple(sorted(signatures[SIGNATURE].structured_outputs))
+
+    metadata = _metadata(model, module, specs, ranges, output_names, xla, written)
+    if extra_metadata:
+        metadata.update(extra_metadata)
+    examples = warmup_inputs or {
+        s.name: np.full([1, *s.shape[1:]], ranges.get(s.name, (0,))[0], s.dtype.as_numpy_dtype)
+        for s in specs
+    }
+    warmup = {declared.name: declared.warmup_inputs(examples) for declared in written}
+    _save(module, signatures, path, metadata, warmup, model_name, warmup_batch_sizes)
+
+    variables = list(module.model_variables.values())
+    return ExportInfo(
+        path=path,
+        input_names=tuple(input_names),
+        output_names=output_names,
+        num_variables=len(variables),
+        variable_bytes=int(sum(v.shape.num_elements() * v.dtype.size for v in variables)),
+        xla=bool(xla),
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _checked_ranges(model, input_ranges, input_names) -> dict[str, tuple[int, int]]:
+    """`input_ranges` (default: `context_id_ranges(model)`), checked."""
     ranges = context_id_ranges(model) if input_ranges is None else dict(input_ranges)
     unknown = sorted(set(ranges) - set(input_names))
     if unknown:
@@ -228,41 +220,12 @@ def export_saved_model(
             raise ValueError(
                 f"`input_ranges[{name!r}]` must be integers low < high. Received: {(low, high)}"
             )
+    return ranges
 
-    @tf.function(jit_compile=xla or None)
-    def run_model(*inputs):
-        outputs = model(dict(zip(input_names, inputs)) if len(inputs) > 1 else inputs[0])
-        if not isinstance(outputs, dict):
-            raise ValueError(
-                "The model must return a dict of named outputs (e.g. tokens, scores, "
-                f"item_ids); it returned {type(outputs).__name__}"
-            )
-        return dict(outputs)
 
-    # The id checks stay outside the XLA cluster: XLA drops Assert ops.
-    @tf.function(input_signature=specs)
-    def serve(*inputs):
-        inputs = [_check_shape(n, t, spec) for n, t, spec in zip(input_names, inputs, specs)]
-        checked = [
-            _check_ids(name, tensor, *ranges[name]) if name in ranges else tensor
-            for name, tensor in zip(input_names, inputs)
-        ]
-        return run_model(*checked)
-
-    concrete = serve.get_concrete_function()
-    output_names = tuple(sorted(concrete.structured_outputs))
-    # Served through `signatures` only: a tf.function attribute on the module
-    # would be listed for serialization, which traced it again (about half
-    # the export's time).
-    signatures = {SIGNATURE: concrete}
-    eligible_search = eligible.eligible_search(model)
-    if eligible_search is not None:
-        function = _eligible_function(model, module, eligible_search, specs, ranges, xla)
-        if function is None:
-            eligible_search = None
-        else:
-            signatures[eligible.ELIGIBLE_SIGNATURE] = function
-
+def _metadata(model, module, specs, ranges, output_names, xla, written) -> dict:
+    """`assets/static_keras_index.json`: the index, the signatures' inputs and
+    what each request form and the catalogue jobs need to find."""
     metadata = model_metadata(model)
     metadata.update(
         {
@@ -278,12 +241,15 @@ def export_saved_model(
     update = catalogue_update_metadata(model, keys)
     if update is not None:
         metadata["catalogue_update"] = update
-    if eligible_search is not None:
-        metadata["eligibility_sets"] = list(eligible_search.constraint.eligibility_names or ())
-        metadata["eligibility"] = eligible.signature_metadata(eligible_search, keys)
-    if extra_metadata:
-        metadata.update(extra_metadata)
+    for declared in written:
+        if declared.metadata is not None:
+            metadata.update(declared.metadata(declared.search_of(model), keys))
+    return metadata
 
+
+def _save(module, signatures, path, metadata, warmup, model_name, batch_sizes) -> None:
+    """The SavedModel, its metadata asset and warmup records, written beside
+    `path` and renamed into place (`path` never holds half a model)."""
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=temporary_prefix("export"), dir=parent)
@@ -296,91 +262,69 @@ def export_saved_model(
         with notes_hidden():  # "Assets written to: <staging path>" and an input-name note
             tf.saved_model.save(module, target, signatures=signatures)
         os.unlink(metadata_file)
-        examples = warmup_inputs or {
-            s.name: np.full([1, *s.shape[1:]], ranges.get(s.name, (0,))[0], s.dtype.as_numpy_dtype)
-            for s in specs
-        }
-        more = {}
-        if eligible_search is not None:
-            more[eligible.ELIGIBLE_SIGNATURE] = {
-                **examples,
-                eligible.SET_ID_INPUT: np.zeros([1], np.int32),
-                eligible.EXCLUDED_INPUT: np.full([1, 1], -1, np.int64),
-            }
         write_warmup_requests(
             os.path.join(target, "assets.extra", WARMUP_FILENAME),
             model_name=model_name,
             signature_name=SIGNATURE,
-            examples=examples,
-            batch_sizes=warmup_batch_sizes,
-            more_signatures=more,
+            examples=warmup.pop(SIGNATURE),
+            batch_sizes=batch_sizes,
+            more_signatures=warmup,
         )
         os.replace(target, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
-    variables = list(module.model_variables.values())
-    return ExportInfo(
-        path=path,
-        input_names=tuple(input_names),
-        output_names=output_names,
-        num_variables=len(variables),
-        variable_bytes=int(sum(v.shape.num_elements() * v.dtype.size for v in variables)),
-        xla=bool(xla),
-        seconds=time.perf_counter() - start,
-    )
 
-
-def _eligible_function(model, module, search, specs, ranges, xla):
-    """The `serving_eligible` concrete function: `serving_default`'s inputs
-    plus per-row set ids and excluded item ids (checked, then mapped to
-    members outside any XLA cluster); None when the model already passes the
-    search its own set ids (they are inputs of `serving_default`)."""
-    constraint = search.constraint
-    num_sets = constraint.num_eligibility_sets
-    num_members = constraint.layout.num_members
-    tables = eligible.exclusion_tables(constraint)
-    ids, members = tables[eligible.TABLE_IDS], tables[eligible.TABLE_MEMBERS]
+def _serving_function(model, module, declared, specs, ranges, xla):
+    """The concrete function of one declared signature (`signatures.py`), or
+    None where it does not apply to `model`: the model's inputs checked
+    (shape, id ranges), a request form's inputs checked and turned into the
+    search's `Eligibility` outside any XLA cluster, then the model (with XLA
+    where `xla`)."""
     input_names = [spec.name for spec in specs]
-    for name in (eligible.SET_ID_INPUT, eligible.EXCLUDED_INPUT):
-        if name in input_names:
-            raise ValueError(f"Model input {name!r} clashes with the eligible signature's")
-    eligible_specs = [
-        *specs,
-        tf.TensorSpec([None], tf.int32, name=eligible.SET_ID_INPUT),
-        tf.TensorSpec([None, None], tf.int64, name=eligible.EXCLUDED_INPUT),
+    runner, search, tables = model, None, {}
+    if declared.request_inputs:
+        search = declared.search_of(model)
+        runner = None if search is None else served.model_with_eligibility(model, search)
+        if runner is None:  # no such search, or the model feeds it its own inputs
+            return None
+        clash = sorted(set(input_names) & {i.name for i in declared.request_inputs})
+        if clash:
+            raise ValueError(f"Model inputs {clash} clash with the {declared.name} signature's")
+        tables = declared.tables(search)
+        setattr(module, declared.tables_attribute, tables)
+    request_specs = [
+        tf.TensorSpec([None, *i.row_shape], tf.as_dtype(i.dtype), name=i.name)
+        for i in declared.request_inputs
     ]
 
     @tf.function(jit_compile=xla or None)
-    def run_model(set_ids, excluded, *inputs):
-        with search.request_eligibility(set_ids, excluded) as used:
-            outputs = model(dict(zip(input_names, inputs)) if len(inputs) > 1 else inputs[0])
-        taken.extend(used)
+    def run_model(*inputs):
+        if declared.request_inputs:
+            outputs = runner(list(inputs))
+        else:
+            outputs = runner(dict(zip(input_names, inputs)) if len(inputs) > 1 else inputs[0])
+        if not isinstance(outputs, dict):
+            raise ValueError(
+                "The model must return a dict of named outputs (e.g. tokens, scores, "
+                f"item_ids); it returned {type(outputs).__name__}"
+            )
         return dict(outputs)
 
-    @tf.function(input_signature=eligible_specs)
-    def serve_eligible(*inputs):
-        *context, set_ids, excluded_ids = inputs
-        context = [_check_shape(n, t, spec) for n, t, spec in zip(input_names, context, specs)]
+    # The checks stay outside the XLA cluster: XLA drops Assert ops.
+    @tf.function(input_signature=[*specs, *request_specs])
+    def serve(*inputs):
+        context, request = inputs[: len(specs)], inputs[len(specs) :]
+        context = [check_shape(n, t, spec) for n, t, spec in zip(input_names, context, specs)]
         checked = [
-            _check_ids(name, tensor, *ranges[name]) if name in ranges else tensor
+            check_ids(name, tensor, *ranges[name]) if name in ranges else tensor
             for name, tensor in zip(input_names, context)
         ]
+        if not declared.request_inputs:
+            return run_model(*checked)
+        named = {i.name: tensor for i, tensor in zip(declared.request_inputs, request)}
         batch = tf.shape(context[0])[0]
-        set_ids = _check_ids(
-            eligible.SET_ID_INPUT, set_ids, -1, num_sets, "-1: no set, else a set id"
-        )
-        set_ids = eligible.check_batch(eligible.SET_ID_INPUT, set_ids, batch)
-        excluded_ids = eligible.check_batch(eligible.EXCLUDED_INPUT, excluded_ids, batch)
-        excluded_ids = eligible.check_width(
-            eligible.EXCLUDED_INPUT, excluded_ids, MAX_DYNAMIC_EXCLUDED
-        )
-        excluded = eligible.excluded_members(excluded_ids, ids, members, num_members)
-        return run_model(set_ids, excluded, *checked)
+        eligibility = declared.eligibility(search, tables, named, batch)
+        return run_model(*checked, eligibility.set_ids, eligibility.excluded)
 
-    taken = []
-    concrete = serve_eligible.get_concrete_function()
-    if not taken:
-        return None  # the model feeds the search its own set ids (model inputs)
-    setattr(module, eligibility_refresh.TABLES_ATTRIBUTE, tables)
-    return concrete
+    return serve.get_concrete_function()

@@ -29,23 +29,11 @@ import uuid
 
 from static_keras.export.leftovers import temporary_prefix
 from static_keras.export.version_lock import version_lock
+from static_keras.serving.versions import list_versions
 
-_VERSION = re.compile(r"^[1-9][0-9]*$")
 _QUARANTINED = re.compile(r"^rejected-(?P<version>[1-9][0-9]*)-")
 VERIFIED_FILENAME = ".static_keras_versions.json"
 logger = logging.getLogger("static_keras.export")
-
-
-def list_versions(model_base_path: str | os.PathLike) -> list[int]:
-    """Integer version directories, ascending (temporary dirs are ignored)."""
-    base = os.fspath(model_base_path)
-    if not os.path.isdir(base):
-        return []
-    return sorted(
-        int(name)
-        for name in os.listdir(base)
-        if _VERSION.match(name) and os.path.isdir(os.path.join(base, name))
-    )
 
 
 def list_quarantined(model_base_path: str | os.PathLike) -> dict[int, list[str]]:

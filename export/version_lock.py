@@ -6,7 +6,7 @@ refresh) stages its files for as long as it needs, then takes
 since the version it read, takes the next number and renames its staged
 directory into place. No export or staging ever runs under the lock, so a
 rules job never waits for a catalogue job's export; only a job overtaken
-three times rebases once holding it (`publish.OPTIMISTIC_REBASES`), so that
+three times rebases once holding it (`staging.OPTIMISTIC_REBASES`), so that
 it cannot be starved.
 
 The lock is `flock` on `<base>/.static_keras.lock`. On one host it is the

@@ -115,10 +115,10 @@ def load_servable(path: str | os.PathLike, version: int, *, xla_enabled: bool = 
     """Loads `path` and replays its warmup records; raises if the server would reject it."""
     import tensorflow as tf
 
-    from static_keras.export.check import SavedModelCheckError
-    from static_keras.export.check import check_saved_model
-    from static_keras.export.warmup import WARMUP_FILENAME
-    from static_keras.export.warmup import read_warmup_requests
+    from static_keras.serving.saved_model_check import SavedModelCheckError
+    from static_keras.serving.saved_model_check import check_saved_model
+    from static_keras.serving.warmup import WARMUP_FILENAME
+    from static_keras.serving.warmup import read_warmup_requests
 
     path = os.fspath(path)
     if not xla_enabled:

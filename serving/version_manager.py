@@ -17,12 +17,12 @@ import os
 import threading
 import time
 
-from static_keras.export.publish import list_versions
 from static_keras.serving.config import ServedModel
 from static_keras.serving.servable import Servable
 from static_keras.serving.servable import load_servable
 from static_keras.serving.servable import release_memory
 from static_keras.serving.status import ServingFailure
+from static_keras.serving.versions import list_versions
 
 logger = logging.getLogger("static_keras.serving")
 

@@ -10,21 +10,18 @@ imports every layer module first.
 from __future__ import annotations
 
 from static_keras.tensorflow_log_lines import import_quietly
-
-#: Every module that defines a registered Keras object of the kit.
-LAYER_MODULES = (
-    "static_keras.layers.cached_transformer_decoder",
-    "static_keras.layers.constrained_decoding",
-    "static_keras.decoding.constrained_beam_search",
-    "static_keras.strings.string_constrained_decoding",
-    "static_keras.metrics.recall_at_k",
-)
+from static_keras.tensorflow_log_lines import quiet_tensorflow_start
 
 
 def register_layers() -> None:
-    """Registers every static-keras layer with Keras (idempotent)."""
-    for module in LAYER_MODULES:
-        import_quietly(module)
+    """Registers every static-keras layer with Keras (idempotent): imports
+    each module that defines a registered Keras object of the kit."""
+    with quiet_tensorflow_start():
+        from static_keras.decoding import constrained_beam_search  # noqa: F401
+        from static_keras.layers import cached_transformer_decoder  # noqa: F401
+        from static_keras.layers import constrained_decoding  # noqa: F401
+        from static_keras.metrics import recall_at_k  # noqa: F401
+        from static_keras.strings import string_constrained_decoding  # noqa: F401
 
 
 def load_model(path, **kwargs):

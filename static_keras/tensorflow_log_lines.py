@@ -66,20 +66,29 @@ def startup_lines_filtered():
             sys.stderr.flush()
 
 
-def import_quietly(name: str):
-    """`importlib.import_module(name)`, with TensorFlow's harmless start-up
-    lines filtered when this import is what loads it (Keras on its TensorFlow
-    backend loads it too). TensorFlow's devices are listed inside the capture,
-    as the CUDA probe writes its line then."""
-    if name in sys.modules:
-        return sys.modules[name]
+@contextlib.contextmanager
+def quiet_tensorflow_start():
+    """TensorFlow's harmless start-up lines filtered from what the block
+    prints, when the block is what loads TensorFlow (Keras on its TensorFlow
+    backend loads it too); nothing changes where it is loaded already.
+    TensorFlow's devices are listed inside the capture, as the CUDA probe
+    writes its line then."""
     if "tensorflow" in sys.modules:  # nothing left to filter
-        return importlib.import_module(name)
+        yield
+        return
     with startup_lines_filtered():
-        module = importlib.import_module(name)
+        yield
         if "tensorflow" in sys.modules:
             sys.modules["tensorflow"].config.list_physical_devices()
-    return module
+
+
+def import_quietly(name: str):
+    """`importlib.import_module(name)` inside `quiet_tensorflow_start()`:
+    for a module named in data (a package's lazy names)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    with quiet_tensorflow_start():
+        return importlib.import_module(name)
 
 
 class _BelowWarning(logging.Filter):

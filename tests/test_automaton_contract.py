@@ -115,9 +115,9 @@ def test_layer_any_step_equals_int_step_and_host(make, top_k):
     for t, states in enumerate(reachable(index)):
         states = np.concatenate([states, [-1]]).astype(np.int32)
         logits = rng.normal(size=(states.size, index.vocab_size)).astype("float32")
-        fixed = [np.asarray(x) for x in layer(logits, states, step=t, top_k=top_k)]
+        fixed = [np.asarray(x) for x in layer(logits, states, step=t, dense_top_k=top_k)]
         for step in (None, ops.convert_to_tensor(t, "int32")):
-            anywhere = [np.asarray(x) for x in layer(logits, states, step=step, top_k=top_k)]
+            anywhere = [np.asarray(x) for x in layer(logits, states, step=step, dense_top_k=top_k)]
             assert anywhere[0].shape[1] == layer.num_candidates(None, top_k)
             _same_candidates(fixed, anywhere)
             mask = np.asarray(layer(logits, states, step=step, mode="mask"))

@@ -20,8 +20,8 @@ from conftest import histories
 from static_keras.export import list_versions
 from static_keras.export import publish
 from static_keras.export.leftovers import remove_leftovers
-from static_keras.export.publish import VERIFIED_FILENAME
 from static_keras.export.publish import newest_good_version
+from static_keras.export.version_checks import VERIFIED_FILENAME
 from static_keras.serving import GrpcClient
 from static_keras.serving import ServedModel
 from static_keras.serving.dev_server import DevServer

@@ -182,7 +182,7 @@ def test_hash_bitmap_false_positives_are_measurable_and_match_the_device():
     states = np.zeros(5, np.int64)
     logits = np.zeros((5, vocab), np.float32)
     for t in range(2):
-        _, tokens, next_states = bitmap.candidates(logits, states, t, top_k=vocab)
+        _, tokens, next_states = bitmap.candidates(logits, states, t, dense_top_k=vocab)
         tokens, next_states = np.asarray(tokens), np.asarray(next_states)
         for row in range(5):
             accepted = sorted(int(x) for x in tokens[row] if x >= 0)

@@ -381,8 +381,8 @@ class _CandidatesOnly(DecodingConstraint):
         self.length = layer.length
         self.has_item_ids = layer.has_item_ids
 
-    def candidates(self, log_probs, states, step, top_k=None):
-        return self.layer.candidates(log_probs, states, step, top_k=top_k)
+    def candidates(self, log_probs, states, step, dense_top_k=None):
+        return self.layer.candidates(log_probs, states, step, dense_top_k=dense_top_k)
 
     def item_ids(self, states):
         return self.layer.item_ids(states)
@@ -438,6 +438,40 @@ def test_unconstrained_baseline_uses_the_same_tokens_per_beam():
         tokens, scores = _per_beam_top_k_oracle(None, vocab, 3, table, beam, per_beam, 3)
         np.testing.assert_array_equal(np.asarray(out["tokens"])[0], tokens, err_msg=mode)
         np.testing.assert_allclose(np.asarray(out["scores"])[0], scores, atol=1e-5)
+
+
+def test_the_constraints_old_top_k_keyword_still_works_with_a_warning():
+    """`dense_top_k` is the setting's one name, from `beam_search` to the
+    constraint's step methods; `top_k`, its old name there, still works."""
+    rng = np.random.default_rng(3)
+    index = StaticIndex.build(rng.integers(0, 6, size=(40, 3)), 6, dense_levels=2)
+    layer = constraint_for(index)
+    logits = rng.normal(size=(4, 6)).astype("float32")
+    states = np.zeros(4, "int32")
+
+    def same(got, want):
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+    want = layer.candidates(logits, states, 0, dense_top_k=3)
+    assert np.asarray(want[0]).shape == (4, 3)
+    with pytest.warns(DeprecationWarning, match="pass `dense_top_k=...`"):
+        same(layer.candidates(logits, states, 0, top_k=3), want)
+    with pytest.warns(DeprecationWarning, match="layer"):
+        same(layer(logits, states, step=0, top_k=3), want)
+    with pytest.warns(DeprecationWarning, match="num_candidates"):
+        assert layer.num_candidates(0, top_k=3) == layer.num_candidates(0, dense_top_k=3) == 3
+    with pytest.warns(DeprecationWarning, match="candidate_tokens"):
+        same(
+            layer.candidate_tokens(logits, states, 0, top_k=3),
+            layer.candidate_tokens(logits, states, 0, dense_top_k=3),
+        )
+    proposal = layer.propose(logits, states, 0, dense_top_k=3)
+    with pytest.warns(DeprecationWarning, match="propose"):
+        old = layer.propose(logits, states, 0, top_k=3)
+    same((old.scores, old.tokens), (proposal.scores, proposal.tokens))
+    with pytest.raises(TypeError, match="deprecated name"):
+        layer.candidates(logits, states, 0, dense_top_k=3, top_k=3)
 
 
 def test_bad_arguments():
@@ -509,7 +543,7 @@ class _DenseAutomaton(DecodingConstraint):
         self.transitions = ops.convert_to_tensor(transitions)
         self.vocab, self.eos_token_id, self.length = vocab, eos, max_length
 
-    def candidates(self, log_probs, states, step, top_k=None):
+    def candidates(self, log_probs, states, step, dense_top_k=None):
         safe = ops.maximum(states, 0)
         nxt = ops.take(self.transitions, safe, axis=0)  # [R, V]
         ok = ops.logical_and(ops.greater_equal(nxt, 0), ops.expand_dims(states >= 0, 1))

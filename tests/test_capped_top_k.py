@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from decoding_oracles import compiled_modes
 
-from static_keras.layers import capped_top_k
+from static_keras.kernels import capped_top_k
 
 
-def _oracle(x, k, cap):
-    """Each beam's best `cap` by (score desc, token asc), then the best `k`
+def _oracle(x, k, dense_top_k):
+    """Each beam's best `dense_top_k` by (score desc, token asc), then the best `k`
     of the batch row by (score desc, beam, rank in beam): the per-beam form,
     in plain Python. Indices are `beam * V + token`."""
     rows, beams, vocab = x.shape
@@ -19,7 +19,7 @@ def _oracle(x, k, cap):
     for b in range(rows):
         pool = []
         for m in range(beams):
-            best = sorted(range(vocab), key=lambda t: (-x[b, m, t], t))[:cap]
+            best = sorted(range(vocab), key=lambda t: (-x[b, m, t], t))[:dense_top_k]
             pool += [(x[b, m, t], m, rank, t) for rank, t in enumerate(best)]
         pool.sort(key=lambda entry: (-entry[0], entry[1], entry[2]))
         values.append([entry[0] for entry in pool[:k]])
@@ -44,7 +44,7 @@ def _scores(kind, shape, rng):
 
 @pytest.mark.parametrize("kind", ["normal", "ties", "leader", "staircase", "masked"])
 @pytest.mark.parametrize(
-    "beams, vocab, k, cap",
+    "beams, vocab, k, dense_top_k",
     [
         (70, 64, 70, 30),  # the reference's 70 / 30 (3 rankings)
         (12, 100, 12, 5),  # V not a multiple of its block (8): -inf padding
@@ -53,13 +53,13 @@ def _scores(kind, shape, rng):
         (3, 64, 8, 3),  # fewer blocks (6 of 32) than k
     ],
 )
-def test_capped_top_k_equals_the_per_beam_form(kind, beams, vocab, k, cap):
-    rng = np.random.default_rng(beams * vocab + k + cap)
+def test_capped_top_k_equals_the_per_beam_form(kind, beams, vocab, k, dense_top_k):
+    rng = np.random.default_rng(beams * vocab + k + dense_top_k)
     x = _scores(kind, (2, beams, vocab), rng)
-    want_values, want_indices = _oracle(x, k, cap)
+    want_values, want_indices = _oracle(x, k, dense_top_k)
     live = np.isfinite(want_values)  # padding's index is unspecified
     assert capped_top_k._block_size(100) == 8 and capped_top_k._block_size(7) == 1
     for mode, wrap in compiled_modes():
-        values, indices = wrap(lambda v: capped_top_k.capped_top_k(v, k, cap))(x)
+        values, indices = wrap(lambda v: capped_top_k.capped_top_k(v, k, dense_top_k))(x)
         np.testing.assert_array_equal(np.asarray(values), want_values, err_msg=mode)
         np.testing.assert_array_equal(np.asarray(indices)[live], want_indices[live], err_msg=mode)

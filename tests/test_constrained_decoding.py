@@ -10,7 +10,7 @@ from keras import ops
 from static_keras import MASKED_LOGIT
 from static_keras import ConstrainedDecoding
 from static_keras import StaticIndex
-from static_keras.layers import dense_edge_rows
+from static_keras.constraint import dense_edge_rows
 
 
 def _random_index(seed, n=60, vocab=7, length=4, dense_levels="auto", item_ids=False):
@@ -81,9 +81,9 @@ def test_dense_top_k_keeps_best_valid_tokens():
     index = StaticIndex.build(np.arange(12).reshape(12, 1) % 10, 10, dense_levels=1)
     layer = ConstrainedDecoding(index)
     logits = np.arange(10, dtype="float32")[None]
-    scores, tokens, _ = layer(logits, np.zeros(1, "int32"), step=0, top_k=3)
+    scores, tokens, _ = layer(logits, np.zeros(1, "int32"), step=0, dense_top_k=3)
     assert np.asarray(tokens).tolist() == [[9, 8, 7]]
-    assert layer.num_candidates(0, top_k=3) == 3
+    assert layer.num_candidates(0, dense_top_k=3) == 3
 
 
 def test_invalid_rows_are_padding_and_never_nan():

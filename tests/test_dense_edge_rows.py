@@ -9,11 +9,12 @@ from decoding_oracles import compiled_modes
 from keras import ops
 
 from static_keras import ConstrainedDecoding
+from static_keras import Eligibility
 from static_keras import StaticIndex
 from static_keras import beam_search
+from static_keras.constraint import dense_edge_rows
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.eligibility import MemberCatalogue
-from static_keras.layers import dense_edge_rows
 
 
 def _index(seed, dense_levels, vocab=9, length=4, n=150):
@@ -83,8 +84,8 @@ def test_candidates_with_rows_equal_candidates_without(dense_levels, monkeypatch
     logits = rng.normal(size=(states.size, 9)).astype("float32")
     logits[:, 4] = logits[:, 2]  # ties keep the lower token first either way
     for top_k in (None, 1, 3):
-        got = [np.asarray(x) for x in with_rows.candidates(logits, states, step, top_k=top_k)]
-        want = [np.asarray(x) for x in without.candidates(logits, states, step, top_k=top_k)]
+        got = [np.asarray(x) for x in with_rows.candidates(logits, states, step, dense_top_k=top_k)]
+        want = [np.asarray(x) for x in without.candidates(logits, states, step, dense_top_k=top_k)]
         if top_k is None or top_k >= index.step_widths[step]:
             # Uncapped rows come in token order, as at a tail step; mask rows
             # ranked: the same candidates, in (score desc, token) order.
@@ -117,7 +118,7 @@ def test_beam_search_with_rows_equals_without(dense_levels, monkeypatch):
     excluded = catalogue.exclusion_members(np.array([[5, 7], [-1, -1]]))
     layers = [_layer(index, rows, monkeypatch, eligibility=sets) for rows in (True, False)]
     for beam, per_beam in ((200, None), (12, 2), (5, None)):
-        for eligibility in (None, (np.array([0, -1], np.int32), excluded)):
+        for eligibility in (None, Eligibility(np.array([0, -1], np.int32), excluded)):
             outs = [
                 beam_search(
                     layer, step_fn, 2, beam, dense_top_k=per_beam, eligibility=eligibility

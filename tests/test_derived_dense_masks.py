@@ -19,11 +19,12 @@ from decoding_oracles import compiled_modes
 from keras import ops
 
 from static_keras import ConstrainedDecoding
+from static_keras import Eligibility
 from static_keras import StaticIndex
 from static_keras.index import dense_eligibility
 from static_keras.index.eligibility import EligibilitySets
-from static_keras.layers import bit_fields
-from static_keras.layers import derived_dense_masks
+from static_keras.kernels import bit_fields
+from static_keras.kernels import derived_dense_masks
 
 tf_only = pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="TF modes")
 
@@ -257,8 +258,8 @@ def test_a_config_without_windows_stores_every_depth():
     set_ids = np.arange(states.size, dtype=np.int32) % 4
     for step in (1, None):
         np.testing.assert_array_equal(
-            np.asarray(old.allowed_mask(states, step, eligibility=(set_ids, None))),
-            np.asarray(new.allowed_mask(states, step, eligibility=(set_ids, None))),
+            np.asarray(old.allowed_mask(states, step, eligibility=Eligibility(set_ids, None))),
+            np.asarray(new.allowed_mask(states, step, eligibility=Eligibility(set_ids, None))),
         )
 
 
@@ -275,7 +276,9 @@ def test_stored_and_derived_depths_side_by_side_keep_the_enterable_tokens():
         set_ids = rng.integers(-1, sets.num_sets, states.size).astype(np.int32)
         allowed = index.allowed_tokens(states)
         for any_step in (step, None, ops.convert_to_tensor(step)):
-            got = np.asarray(layer.allowed_mask(states, any_step, eligibility=(set_ids, None)))
+            got = np.asarray(
+                layer.allowed_mask(states, any_step, eligibility=Eligibility(set_ids, None))
+            )
             for r in range(states.size):
                 tokens = np.flatnonzero(allowed[r])
                 nxt = index.next_states(np.full(tokens.size, states[r]), tokens)

@@ -14,7 +14,6 @@ from conftest import make_model
 
 from static_keras.export import export_saved_model
 from static_keras.export import publish
-from static_keras.export.warmup import write_warmup_requests
 from static_keras.serving import GrpcClient
 from static_keras.serving import RestClient
 from static_keras.serving import ServedModel
@@ -23,6 +22,7 @@ from static_keras.serving import read_models_config
 from static_keras.serving import write_batching_config
 from static_keras.serving import write_models_config
 from static_keras.serving.dev_server import DevServer
+from static_keras.serving.warmup import write_warmup_requests
 
 
 @pytest.fixture(scope="module")

@@ -435,7 +435,7 @@ _KERNEL_CHECKS = textwrap.dedent(
     import keras
     sys.path.insert(0, sys.argv[1])
     import test_eligibility as t
-    from static_keras.layers import eligibility_kernels as k
+    from static_keras.kernels import eligibility_kernels as k
 
     values = np.random.default_rng(0).integers(-2**31, 2**31, 4000).astype(np.int32)
     values[:6] = [0, -1, -2**31, 2**31 - 1, 1, 2**30]
@@ -472,7 +472,7 @@ def test_kernels_match_numpy_in_a_tf_graph_with_xla():
 
     if keras.backend.backend() != "tensorflow":
         pytest.skip("the test process runs another backend")
-    from static_keras.layers import eligibility_kernels as k
+    from static_keras.kernels import eligibility_kernels as k
 
     for sets, _, _, bounds, rows, excluded in kernel_cases(1):
         arrays = sets.device_arrays()

@@ -28,6 +28,7 @@ from keras import ops
 
 from static_keras import ConstrainedBeamSearch
 from static_keras import ConstrainedDecoding
+from static_keras import Eligibility
 from static_keras import StaticIndex
 from static_keras import beam_search
 from static_keras import constraint_for
@@ -117,7 +118,7 @@ def test_member_starts_bound_abutting_ranges_and_dead_rows_keep_nothing(dense_le
     """`tree_member_starts` at every state of each tail depth and one past
     its end, and the sparse step's K + 1 bounds (`keep_mask_between`) against
     the two-ended `keep_mask` for rows with an edge each and a dead row."""
-    from static_keras.layers import member_ranges
+    from static_keras.kernels import member_ranges
 
     index = semantic_index(dense_levels)
     sets = random_sets(index, 0)
@@ -131,7 +132,9 @@ def test_member_starts_bound_abutting_ranges_and_dead_rows_keep_nothing(dense_le
         np.testing.assert_array_equal(ops.convert_to_numpy(got), want)
     catalogue = MemberCatalogue.from_index(index)
     set_ids, excluded_ids = requests(index, sets)
-    request = layer.check_eligibility((set_ids, catalogue.exclusion_members(excluded_ids)))
+    request = layer.check_eligibility(
+        Eligibility(set_ids, catalogue.exclusion_members(excluded_ids))
+    )
     sequences = index.sequences()
     for step in range(dense_levels, LENGTH):
         states = index.walk(np.unique(sequences[:, :step], axis=0)).astype(np.int32)
@@ -150,7 +153,7 @@ def test_member_starts_bound_abutting_ranges_and_dead_rows_keep_nothing(dense_le
 def test_dense_codes_of_members_are_their_first_tokens(vocab, dense_levels):
     """Each excluded member's dense code (one gather of `dense_member_codes`),
     with a vocabulary that is not a power of two and codes with no member."""
-    from static_keras.layers import dense_exclusions
+    from static_keras.kernels import dense_exclusions
 
     rng = np.random.default_rng(vocab + dense_levels)
     rows = np.unique(rng.integers(0, vocab, (40, 4)), axis=0)
@@ -165,7 +168,7 @@ def test_dense_codes_of_members_are_their_first_tokens(vocab, dense_levels):
 
 
 def test_floor_division_by_a_power_of_two_is_a_shift_and_equals_numpy():
-    from static_keras.layers import dense_exclusions
+    from static_keras.kernels import dense_exclusions
 
     x = np.array([-(2**31), -4097, -2049, -2048, -1, 0, 1, 2047, 2048, 2**31 - 1], np.int32)
     for divisor in (1, 2, 5, 2048, 2**30):
@@ -179,7 +182,7 @@ def test_floor_division_by_a_power_of_two_is_a_shift_and_equals_numpy():
 def test_grouped_blocked_words_equal_each_rows_own(vocab):
     """A beam search's exclusions stay one row per batch row; the dense step
     clears the same bits as with every beam's own copy (dead beams: -1)."""
-    from static_keras.layers import dense_exclusions
+    from static_keras.kernels import dense_exclusions
 
     rng = np.random.default_rng(vocab)
     groups, group, mask_words = 3, 4, -(-vocab // 32)
@@ -234,7 +237,7 @@ def test_candidates_keep_exactly_the_enterable_next_states(dense_levels):
             expected.append(set(tokens[keep].tolist()))
         for any_step in (step, None, ops.convert_to_tensor(step)):
             _, tokens, nxt = layer.candidates(
-                logits, row_states, any_step, eligibility=(set_ids, excluded)
+                logits, row_states, any_step, eligibility=Eligibility(set_ids, excluded)
             )
             tokens, nxt = np.asarray(tokens), np.asarray(nxt)
             for r in range(row_states.size):
@@ -247,15 +250,19 @@ def test_candidates_keep_exactly_the_enterable_next_states(dense_levels):
                 )
             # Mask mode keeps exactly the same tokens.
             allowed = np.asarray(
-                layer.allowed_mask(row_states, any_step, eligibility=(set_ids, excluded))
+                layer.allowed_mask(row_states, any_step, eligibility=Eligibility(set_ids, excluded))
             )
             masked = np.asarray(
-                layer.mask_logits(logits, row_states, any_step, eligibility=(set_ids, excluded))
+                layer.mask_logits(
+                    logits, row_states, any_step, eligibility=Eligibility(set_ids, excluded)
+                )
             )
             for r in range(row_states.size):
                 assert set(np.flatnonzero(allowed[r]).tolist()) == expected[r], (step, any_step)
                 assert set(np.flatnonzero(masked[r] > -1e8).tolist()) == expected[r]
-        scores = layer.vocabulary_scores(logits, row_states, step, eligibility=(set_ids, excluded))
+        scores = layer.vocabulary_scores(
+            logits, row_states, step, eligibility=Eligibility(set_ids, excluded)
+        )
         if step < dense_levels:
             scores = np.asarray(scores)
             for r in range(row_states.size):
@@ -279,8 +286,8 @@ def test_excluded_members_in_any_order_with_repeats_and_padding(dense_levels):
     states = index.walk(prefixes)[rng.integers(0, len(prefixes), 7)].astype(np.int32)
     logits = rng.normal(size=(7, VOCAB)).astype("float32")
     for step in (1, None):
-        want = layer.candidates(logits, states, step, eligibility=(set_ids, canonical))
-        got = layer.candidates(logits, states, step, eligibility=(set_ids, raw))
+        want = layer.candidates(logits, states, step, eligibility=Eligibility(set_ids, canonical))
+        got = layer.candidates(logits, states, step, eligibility=Eligibility(set_ids, raw))
         for a, b in zip(want, got):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -291,12 +298,14 @@ def test_without_eligibility_the_layer_is_unchanged():
     assert len(plain.weights) == len(index.arrays)
     assert "eligibility_sets" not in plain.get_config()
     with pytest.raises(ValueError, match="eligibility sets"):
-        plain.candidates(np.zeros((1, VOCAB)), np.zeros(1), 0, eligibility=(np.zeros(1), None))
+        plain.candidates(
+            np.zeros((1, VOCAB)), np.zeros(1), 0, eligibility=Eligibility(np.zeros(1), None)
+        )
     sets = random_sets(index, 0)
     layer = ConstrainedDecoding(index, eligibility=sets)
     logits = np.random.default_rng(0).normal(size=(3, VOCAB)).astype("float32")
     states = index.walk([[0], [1], [2]]).astype(np.int32)
-    every = (np.full(3, -1, np.int32), None)
+    every = Eligibility(np.full(3, -1, np.int32), None)
     for a, b in zip(
         plain.candidates(logits, states, 1), layer.candidates(logits, states, 1, eligibility=every)
     ):
@@ -321,7 +330,9 @@ def test_set_eligibility_refreshes_in_place_and_checks():
     with pytest.raises(ValueError, match="EligibilitySets"):
         layer.set_eligibility({"few": [1]})
     with pytest.raises(ValueError, match=r"\[-1, 4\)"):
-        layer.candidates(np.zeros((1, VOCAB)), np.zeros(1), 0, eligibility=(np.array([4]), None))
+        layer.candidates(
+            np.zeros((1, VOCAB)), np.zeros(1), 0, eligibility=Eligibility(np.array([4]), None)
+        )
     # The config and weights (what a `.keras` file keeps) restore the sets,
     # their names and the member ranges.
     clone = ConstrainedDecoding.from_config(config)
@@ -346,12 +357,12 @@ def test_graph_and_xla_steps_equal_eager_and_mask_unknown_set_ids():
     @tf.function(jit_compile=True)
     def compiled(logits, states, set_ids, excluded):
         return [
-            layer.candidates(logits, states, step, eligibility=(set_ids, excluded))
+            layer.candidates(logits, states, step, eligibility=Eligibility(set_ids, excluded))
             for step in (1, None)
         ]
 
     for got, step in zip(compiled(logits, states, set_ids, excluded), (1, None)):
-        want = layer.candidates(logits, states, step, eligibility=(set_ids, excluded))
+        want = layer.candidates(logits, states, step, eligibility=Eligibility(set_ids, excluded))
         for a, b in zip(got, want):
             np.testing.assert_array_equal(a.numpy(), np.asarray(b))
     # In a graph an unknown set id cannot raise: its row gets no candidates.
@@ -379,7 +390,7 @@ _JAX_SCRIPT = textwrap.dedent(
         @jax.jit
         def search(set_ids, excluded):
             step = lambda p, s: (jax.numpy.tile(table, (p.shape[0], 1)), s)
-            return beam_search(layer, step, 2, 5, eligibility=(set_ids, excluded))
+            return beam_search(layer, step, 2, 5, eligibility=Eligibility(set_ids, excluded))
 
         ids = np.asarray(search(set_ids, excluded)["item_ids"])
         assert sorted(ids[0][ids[0] >= 0].tolist()) == [10, 13], ids
@@ -433,13 +444,17 @@ def test_beam_search_ranks_exactly_the_eligible_members(dense_levels):
             set_ids.size,
             beam_size,
             dense_top_k=per_beam,
-            eligibility=(set_ids, excluded),
+            eligibility=Eligibility(set_ids, excluded),
         )
         _check_search(index, sets, out, set_ids, excluded_ids, table, beam_size)
     # Set ids alone, and exclusions alone.
-    out = beam_search(layer, lambda p, s: (logits_of(p), s), 7, 30, eligibility=(set_ids, None))
+    out = beam_search(
+        layer, lambda p, s: (logits_of(p), s), 7, 30, eligibility=Eligibility(set_ids, None)
+    )
     _check_search(index, sets, out, set_ids, np.full((7, 1), -1), table, 30)
-    out = beam_search(layer, lambda p, s: (logits_of(p), s), 7, 30, eligibility=(None, excluded))
+    out = beam_search(
+        layer, lambda p, s: (logits_of(p), s), 7, 30, eligibility=Eligibility(None, excluded)
+    )
     _check_search(index, sets, out, np.full(7, -1), excluded_ids, table, 30)
 
 
@@ -449,7 +464,7 @@ def test_beam_search_without_eligibility_is_unchanged():
     plain = beam_search(index, lambda p, s: (logits_of(p), s), 2, 5)
     layer = ConstrainedDecoding(index, eligibility=random_sets(index, 0))
     every = beam_search(
-        layer, lambda p, s: (logits_of(p), s), 2, 5, eligibility=(np.full(2, -1), None)
+        layer, lambda p, s: (logits_of(p), s), 2, 5, eligibility=Eligibility(np.full(2, -1), None)
     )
     for key in plain:
         np.testing.assert_array_equal(np.asarray(plain[key]), np.asarray(every[key]))
@@ -471,7 +486,7 @@ def test_constrained_beam_search_layer_takes_per_row_inputs():
 
     search = ConstrainedBeamSearch(constraint=layer, decoder=Decoder(), beam_size=30)
     context = np.zeros((7, 1), "float32")
-    out = search(context, set_ids=set_ids, excluded=excluded)
+    out = search(context, eligibility=Eligibility(set_ids, excluded))
     _check_search(index, sets, out, set_ids, excluded_ids, table, 30)
     plain = search(context)  # the old call
     assert np.isfinite(np.asarray(plain["scores"])[:, : index.num_members]).all()
@@ -512,7 +527,11 @@ def test_string_beam_search_ranks_exactly_the_eligible_members(tiny):
     excluded = catalogue.exclusion_members(excluded_ids)
     for beam_size in (32, 2):
         out = beam_search(
-            layer, string_step_fn(table), set_ids.size, beam_size, eligibility=(set_ids, excluded)
+            layer,
+            string_step_fn(table),
+            set_ids.size,
+            beam_size,
+            eligibility=Eligibility(set_ids, excluded),
         )
         tokens, got, items = (np.asarray(out[k]) for k in ("tokens", "scores", "item_ids"))
         for b in range(set_ids.size):
@@ -580,7 +599,9 @@ def test_a_layer_saved_before_dense_member_codes_loads_with_them():
         ops.convert_to_numpy(fresh.member_range_weights["dense_member_codes"]), want
     )
     set_ids, excluded_ids = requests(index, sets)
-    request = (set_ids, MemberCatalogue.from_index(index).exclusion_members(excluded_ids))
+    request = Eligibility(
+        set_ids, MemberCatalogue.from_index(index).exclusion_members(excluded_ids)
+    )
     states = np.zeros(set_ids.size, np.int32)
     logits = np.random.default_rng(6).normal(size=(set_ids.size, VOCAB)).astype("float32")
     for a, b in zip(layer.candidates(logits, states, 0, eligibility=request),

@@ -28,6 +28,7 @@ from conftest import make_index
 from static_keras import CachedTransformerDecoder
 from static_keras import ConstrainedBeamSearch
 from static_keras import ConstrainedDecoding
+from static_keras import Eligibility
 from static_keras.export import ELIGIBLE_SIGNATURE
 from static_keras.export import export_saved_model
 from static_keras.export import publish
@@ -37,8 +38,8 @@ from static_keras.export import refresh_eligibility
 from static_keras.index import dense_eligibility
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.eligibility import MemberCatalogue
-from static_keras.layers import derived_dense_masks
-from static_keras.layers.eligibility_kernels import MAX_DYNAMIC_EXCLUDED
+from static_keras.kernels import derived_dense_masks
+from static_keras.kernels.eligibility_kernels import MAX_DYNAMIC_EXCLUDED
 from static_keras.serving import GrpcClient
 from static_keras.serving import ServedModel
 from static_keras.serving import ServingError
@@ -178,7 +179,8 @@ def test_a_model_with_its_own_eligibility_inputs_keeps_one_signature(eligible_mo
     history = keras.Input((HISTORY,), dtype="int32", name="history")
     set_in = keras.Input((), dtype="int32", name="set_ids")
     excluded_in = keras.Input((3,), dtype="int32", name="excluded")
-    model = keras.Model([history, set_in, excluded_in], search(history, set_in, excluded_in))
+    own = Eligibility(set_in, excluded_in)
+    model = keras.Model([history, set_in, excluded_in], search(history, eligibility=own))
     export_saved_model(model, tmp_path / "model", warmup_batch_sizes=(1,))
     assert set(tf.saved_model.load(str(tmp_path / "model")).signatures) == {"serving_default"}
     assert "eligibility_sets" not in read_metadata(tmp_path / "model")

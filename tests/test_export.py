@@ -13,12 +13,12 @@ from conftest import histories
 from conftest import make_index
 from conftest import make_model
 
+from static_keras.constraint import dense_edge_rows
 from static_keras.export import SavedModelCheckError
 from static_keras.export import check_saved_model
 from static_keras.export import export_saved_model
 from static_keras.export import read_metadata
-from static_keras.export.warmup import read_warmup_requests
-from static_keras.layers import dense_edge_rows
+from static_keras.serving.warmup import read_warmup_requests
 
 _FRESH_PROCESS = textwrap.dedent(
     """
@@ -188,7 +188,7 @@ def test_warmup_reader_refuses_a_damaged_file(tmp_path):
     # Read without tf.data (which logs a note per read): framing and CRCs checked.
     import tensorflow as tf
 
-    from static_keras.export.warmup import read_warmup_requests
+    from static_keras.serving.warmup import read_warmup_requests
 
     path = str(tmp_path / "warmup")
     with tf.io.TFRecordWriter(path) as writer:

@@ -1,4 +1,4 @@
-"""The in-range gathers and runs (`layers/gather.py`) against NumPy indexing, in every
+"""The in-range gathers and runs (`kernels/gather.py`) against NumPy indexing, in every
 execution mode of the test backend, and under JAX in a subprocess."""
 
 import textwrap
@@ -10,7 +10,7 @@ from backend_subprocess import run_under
 from decoding_oracles import compiled_modes
 from keras import ops
 
-from static_keras.layers import gather
+from static_keras.kernels import gather
 
 
 def _check_every_gather(wrap, label):

@@ -15,6 +15,7 @@ from decoding_oracles import random_table
 from keras import ops
 
 from static_keras import ConstrainedDecoding
+from static_keras import Eligibility
 from static_keras import StaticIndex
 from static_keras import beam_search
 from static_keras.index import headroom
@@ -88,7 +89,7 @@ def test_layer_candidates_and_beam_search_are_the_exact_indexs(dense_levels):
             states = index.walk(prefixes)[pick].astype(np.int32)
             for any_step in (step, None):
                 scores, tokens, nxt = layer.candidates(
-                    logits, states, any_step, eligibility=(set_ids, exclude)
+                    logits, states, any_step, eligibility=Eligibility(set_ids, exclude)
                 )
                 tokens, scores = np.asarray(tokens), np.asarray(scores)
                 # Next states differ in number; their sequences do not.
@@ -101,7 +102,7 @@ def test_layer_candidates_and_beam_search_are_the_exact_indexs(dense_levels):
     for layer, exclude in zip(layers, excluded):
         out = beam_search(
             layer, lambda p, s: (logits_of(p), s), set_ids.size, 6,
-            eligibility=(set_ids, exclude),
+            eligibility=Eligibility(set_ids, exclude),
         )  # fmt: skip
         results.append({k: np.asarray(v) for k, v in out.items()})
     assert results[0].keys() == results[1].keys()

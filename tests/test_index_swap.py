@@ -24,6 +24,7 @@ from conftest import histories
 from static_keras import CachedTransformerDecoder
 from static_keras import ConstrainedBeamSearch
 from static_keras import ConstrainedDecoding
+from static_keras import Eligibility
 from static_keras import StaticIndex
 from static_keras.export import ELIGIBLE_SIGNATURE
 from static_keras.export import export_saved_model
@@ -85,7 +86,7 @@ def test_replace_index_carries_the_sets_over_by_item_id(tmp_path):
     served = read_eligibility(info.path)
     np.testing.assert_array_equal(served.words, sets.words)
     # Results of the eligible search are members of the set, by item id.
-    out = _search(swapped)(histories(6), set_ids=np.zeros(6, "int32"))
+    out = _search(swapped)(histories(6), eligibility=Eligibility(np.zeros(6, "int32")))
     found = np.asarray(out["item_ids"])
     assert np.isin(found[found >= 0], in_stock).all()
 
@@ -205,22 +206,23 @@ def test_bad_eligibility_inputs_name_the_argument(set_ids, excluded, error, patt
     index, search = _eligible_search()
     context = histories(3)
     with pytest.raises(error, match=pattern):
-        search(context, set_ids=set_ids, excluded=excluded)
+        search(context, eligibility=Eligibility(set_ids, excluded))
     with pytest.raises(error, match=pattern):
         beam_search(
             search.constraint, search.decoder, 3, beam_size=2,
-            initial_state=search.decoder.initial_state(context), eligibility=(set_ids, excluded),
+            initial_state=search.decoder.initial_state(context),
+            eligibility=Eligibility(set_ids, excluded),
         )  # fmt: skip
     with pytest.raises(error, match=pattern):
         search.constraint.candidates(
             np.zeros((3, index.vocab_size), "float32"), np.zeros(3, "int32"), step=0,
-            eligibility=(set_ids, excluded),
+            eligibility=Eligibility(set_ids, excluded),
         )  # fmt: skip
 
 
 def test_good_eligibility_inputs_still_run():
     _, search = _eligible_search()
-    out = search(histories(3), set_ids=np.array([0, 1, -1], np.int64))
+    out = search(histories(3), eligibility=Eligibility(np.array([0, 1, -1], np.int64)))
     found = np.asarray(out["item_ids"])
     assert np.isin(found[0][found[0] >= 0], np.arange(10, 30)).all()
 
@@ -306,7 +308,7 @@ def test_bad_inputs_are_refused_in_a_traced_graph_and_by_the_swap():
 
     @tf.function
     def restricted(set_ids):
-        return search(context, set_ids=set_ids)
+        return search(context, eligibility=Eligibility(set_ids))
 
     with pytest.raises(ValueError, match=r"`set_ids` must have one row per batch row: expected 3"):
         restricted(tf.constant([0, 1], tf.int32))

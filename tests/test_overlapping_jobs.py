@@ -235,7 +235,7 @@ def test_the_number_is_taken_at_the_rename_and_refusals_are_one_line(
 def test_a_job_overtaken_again_and_again_still_publishes(model_file, tmp_path, monkeypatch):
     """Short jobs publishing while a job rebases: twice it rebases out of
     the lock, the third time holding it (no other job can land), so it ends."""
-    from static_keras.export.publish import OPTIMISTIC_REBASES
+    from static_keras.export.staging import OPTIMISTIC_REBASES
 
     _, model = model_file
     base = tmp_path / "recs"

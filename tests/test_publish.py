@@ -21,7 +21,7 @@ from static_keras.export import publish
 from static_keras.export import read_metadata
 from static_keras.export import replace_index
 from static_keras.export.leftovers import temporary_prefix
-from static_keras.export.warmup import write_warmup_requests
+from static_keras.serving.warmup import write_warmup_requests
 
 
 def _checkpoint(path):

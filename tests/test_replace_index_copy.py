@@ -1,11 +1,12 @@
 """`replace_index` builds the copy without tracing the search again, and the
-copy is the one `clone_model` builds: same output specs, config and answers.
+copy is the one a traced `clone_model` builds: same output specs, config and
+answers.
 
-- the search's output specs come from the old model's node (the search is
-  not called on symbolic inputs), for every `outputs` mode, with and without
-  item ids and eligibility sets, string sets, and ops downstream of the
-  search; where that cannot be known (the search called twice) the copy is
-  traced as `clone_model` does;
+- a built search's output specs follow from its settings
+  (`ConstrainedBeamSearch.compute_output_spec`: the search is not run on
+  symbolic inputs), for every `outputs` mode, with and without item ids and
+  eligibility sets, string sets, ops downstream of the search, and a search
+  called twice; the reference traces the search as Keras does;
 - the layer's dense boundary table (walked once per tail state) equals the
   table walked once per code.
 """
@@ -26,7 +27,6 @@ from static_keras import ConstrainedDecoding
 from static_keras import StaticIndex
 from static_keras.decoding import constrained_beam_search
 from static_keras.decoding.beam_search import beam_search
-from static_keras.export import refresh
 from static_keras.export import replace_index
 from static_keras.index import member_ranges
 from static_keras.index.dense_eligibility import dense_boundary_table
@@ -51,15 +51,14 @@ def _decoder(index):
 
 
 def _traced_copy(model, index, **kwargs):
-    """The reference: `replace_index` with `clone_model` tracing the copy."""
-    fast = refresh._copy_with
-    refresh._copy_with = lambda m, old, new: keras.models.clone_model(
-        m, clone_function=lambda layer: new if layer is old else layer
-    )
+    """The reference: `replace_index` with the search's symbolic call traced
+    (Keras' own `compute_output_spec`, which runs the whole search)."""
+    own = ConstrainedBeamSearch.compute_output_spec
+    ConstrainedBeamSearch.compute_output_spec = keras.layers.Layer.compute_output_spec
     try:
         return replace_index(model, index, **kwargs)
     finally:
-        refresh._copy_with = fast
+        ConstrainedBeamSearch.compute_output_spec = own
 
 
 def _specs(model):
@@ -128,13 +127,47 @@ def test_the_copy_of_a_string_set_model():
     _check_same_copy(model, new, histories(2), traced=False)
 
 
-def test_a_search_called_twice_is_traced():
+def test_a_search_called_twice_is_not_traced_either():
     old, new = _index(4), _index(5, n=60)
     search = ConstrainedBeamSearch(old, _decoder(old), beam_size=4, outputs="item_ids")
     a = keras.Input((HISTORY,), dtype="int32", name="a")
     b = keras.Input((HISTORY,), dtype="int32", name="b")
     model = keras.Model([a, b], [search(a), search(b)])
-    _check_same_copy(model, new, [histories(2), histories(2, seed=1)], traced=True)
+    _check_same_copy(model, new, [histories(2), histories(2, seed=1)], traced=False)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(beam_size=4),
+        dict(beam_size=4, num_results=2, outputs="scores_and_item_ids"),
+        dict(beam_size=2, outputs="item_ids"),
+        dict(beam_size=3, length=3),  # unconstrained
+    ],
+    ids=["dict", "scores_and_item_ids", "item_ids", "unconstrained"],
+)
+@pytest.mark.parametrize("kind", ["item ids", "no item ids", "strings"])
+def test_a_built_search_knows_its_output_specs_as_a_trace_finds_them(settings, kind):
+    if kind == "strings":
+        vocab = TokenVocabulary.from_token_bytes([bytes([65 + i]) for i in range(16)], special=[15])
+        index = StringIndex.from_strings(["AB", "ABC", "E"], vocab, eos_token_id=15, max_length=4)
+    else:
+        index = _index(6, item_ids=kind == "item ids")
+    settings = dict(settings)
+    if settings.get("length"):
+        settings["length"] = index.length
+    if settings.get("outputs", "dict") != "dict" and not index.has_item_ids:
+        with pytest.raises(ValueError, match="needs an index with item ids"):
+            ConstrainedBeamSearch(index, _decoder(index), **settings)
+        return
+    search = ConstrainedBeamSearch(
+        None if "length" in settings else index, _decoder(index), **settings
+    )
+    search(histories(2))  # builds the decoder
+    context = keras.KerasTensor((None, HISTORY), dtype="int32")
+    known = keras.tree.flatten(search.compute_output_spec(context))
+    traced = keras.tree.flatten(keras.layers.Layer.compute_output_spec(search, context))
+    assert [(x.shape, x.dtype) for x in known] == [(x.shape, x.dtype) for x in traced]
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ import keras
 import numpy as np
 import pytest
 
-from static_keras.layers import execution_plan
-from static_keras.layers import sorted_search
+from static_keras.kernels import execution_plan
+from static_keras.kernels import sorted_search
 
 SENTINEL = 2**31 - 1
 
@@ -62,24 +62,6 @@ def test_rows_of_unknown_width_in_a_tf_graph_and_under_xla():
         fn = tf.function(lambda r, v: sorted_search.count_below(r, v, 16),
                          input_signature=spec, jit_compile=jit)  # fmt: skip
         np.testing.assert_array_equal(fn(rows, values).numpy(), expected_below(rows, values))
-
-
-def test_the_execution_plan_follows_the_compilation_context():
-    if keras.backend.backend() != "tensorflow":
-        assert execution_plan.current().compiled == (keras.backend.backend() == "jax")
-        return
-    import tensorflow as tf
-
-    seen = {}
-    for jit in (False, True):
-
-        def probe(x, jit=jit):
-            seen[jit] = execution_plan.current()
-            return x
-
-        tf.function(probe, jit_compile=jit)(tf.constant(1))
-    assert seen == {False: execution_plan.TF_OP_BY_OP, True: execution_plan.XLA_CPU_TF}
-    assert execution_plan.current() is execution_plan.TF_OP_BY_OP  # eager
 
 
 def test_a_pinned_plan_wins_and_unpins():

@@ -83,7 +83,7 @@ def test_top_k_keeps_the_best_allowed_tokens(index):
     states = np.zeros(2, np.int32)
     full, tokens, _ = (np.asarray(x) for x in layer.candidates(logits, states, 0))
     best, best_tokens, best_states = (
-        np.asarray(x) for x in layer.candidates(logits, states, 0, top_k=3)
+        np.asarray(x) for x in layer.candidates(logits, states, 0, dense_top_k=3)
     )
     assert best.shape == (2, 3)
     np.testing.assert_array_equal(best, -np.sort(-full, axis=1)[:, :3])
@@ -163,13 +163,13 @@ def test_eager_equals_xla(index):
     @tf.function(jit_compile=True)
     def compiled(logits, states):
         return (
-            layer.candidates(logits, states, 1, top_k=4),
+            layer.candidates(logits, states, 1, dense_top_k=4),
             layer.mask_logits(logits, states),
             layer.advance(states, tf.constant([1, 2, 3, 4])),
         )
 
     (s1, t1, n1), m1, a1 = compiled(logits, states)
-    s0, t0, n0 = layer.candidates(logits, states, 1, top_k=4)
+    s0, t0, n0 = layer.candidates(logits, states, 1, dense_top_k=4)
     np.testing.assert_array_equal(np.asarray(t0), t1.numpy())
     np.testing.assert_array_equal(np.asarray(n0), n1.numpy())
     np.testing.assert_array_equal(np.asarray(layer.mask_logits(logits, states)), m1.numpy())
@@ -398,8 +398,8 @@ _JAX_SCRIPT = textwrap.dedent(
     layer = constraint_for(index)
     logits = np.random.default_rng(0).normal(size=(3, vocab.vocab_size)).astype("float32")
     states = np.array([0, 0, -1], np.int32)
-    eager = layer.candidates(logits, states, 0, top_k=4)
-    jitted = jax.jit(lambda l, s: layer.candidates(l, s, 0, top_k=4))(logits, states)
+    eager = layer.candidates(logits, states, 0, dense_top_k=4)
+    jitted = jax.jit(lambda l, s: layer.candidates(l, s, 0, dense_top_k=4))(logits, states)
     for a, b in zip(eager, jitted):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     table = np.random.default_rng(1).normal(size=(1, vocab.vocab_size)).astype("float32")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from decoding_oracles import compiled_modes
 
-from static_keras.layers import two_stage_top_k
+from static_keras.kernels import two_stage_top_k
 
 
 def _oracle(x, k):

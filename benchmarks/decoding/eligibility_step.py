@@ -135,6 +135,7 @@ def _measure(n: int, args) -> list[dict]:
     import numpy as np
 
     from static_keras import ConstrainedDecoding
+    from static_keras import Eligibility
 
     start = time.perf_counter()
     index, sets, catalogue, rng = _world(n, args.seed)
@@ -160,9 +161,14 @@ def _measure(n: int, args) -> list[dict]:
         if name not in args.configs.split(","):
             continue
         set_ids, excluded, excluded_ids = _requests(sets, catalogue, batch, rng)
-        variants = {"plain": None, "eligible": (set_ids, excluded)}
+        variants = {"plain": None, "eligible": Eligibility(set_ids, excluded)}
         if args.breakdown:
-            variants.update({"set_only": (set_ids, None), "excluded_only": (None, excluded)})
+            variants.update(
+                {
+                    "set_only": Eligibility(set_ids, None),
+                    "excluded_only": Eligibility(None, excluded),
+                }
+            )
         calls = {
             label: _ours(layer, table, batch, beam, per_beam, "tensorflow", eligibility=request)
             for label, request in variants.items()

@@ -136,7 +136,9 @@ def main(argv=None) -> list[dict]:
     for jit in (False, True):
         row = dict(base, kind="dense_step", b_t=index.step_widths[0], step=0, xla=jit)
         zeros = np.zeros(rows_count, np.int64)
-        row.update(timed(lambda lp, s: layer.candidates(lp, s * 0, 0, top_k=beam), jit, zeros))
+        row.update(
+            timed(lambda lp, s: layer.candidates(lp, s * 0, 0, dense_top_k=beam), jit, zeros)
+        )
         # (s * 0: the root state; the steps differ by their log-probs)
         results.append(row)
         print(_format(row), flush=True)

@@ -57,8 +57,8 @@ def main(argv=None) -> None:
     rows = []
     for t in range(index.length):
         states = tf.constant(index.walk(members[:, :t]).astype("int32"))
-        fixed = tf.function(lambda s, t=t: layer(logits, s, step=t, top_k=30))
-        anywhere = tf.function(lambda s, k: layer(logits, s, step=k, top_k=30))
+        fixed = tf.function(lambda s, t=t: layer(logits, s, step=t, dense_top_k=30))
+        anywhere = tf.function(lambda s, k: layer(logits, s, step=k, dense_top_k=30))
         step = tf.constant(t)
         a = _median_us(lambda: [x.numpy() for x in fixed(states)], args.repeats)
         b = _median_us(lambda: [x.numpy() for x in anywhere(states, step)], args.repeats)

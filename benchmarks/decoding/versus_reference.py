@@ -142,15 +142,15 @@ def _hash(xp, step, last_token, batch_row):
 class _NoIndex:
     """The floor: the same search with the same candidate widths and no index
     read. At a dense step the whole vocabulary (ranked at once where no
-    per-beam cap binds, else its best `top_k` per beam); at a CSR step, and
+    per-beam cap binds, else its best `dense_top_k` per beam); at a CSR step, and
     at a dense step the layer reads as CSR rows (`dense_edge_rows`), `B_t`
     tokens a row, made up from the row and slot numbers, with their scores
-    (their best `top_k` where it caps); every state stays 0. What is left
+    (their best `dense_top_k` where it caps); every state stays 0. What is left
     is the model, the log-softmax, the top-k and the beam bookkeeping."""
 
     def __init__(self, layer):
-        from static_keras.layers import dense_edge_rows
-        from static_keras.layers.decoding_constraint import DecodingConstraint
+        from static_keras.constraint import dense_edge_rows
+        from static_keras.constraint.decoding_constraint import DecodingConstraint
 
         self.constraint = type("NoIndex", (DecodingConstraint,), {})()
         self.constraint.length = layer.length
@@ -165,29 +165,29 @@ class _NoIndex:
     def _whole(self, step):
         return step < self.dense_levels and step != self.edge_row_step
 
-    def propose(self, log_probs, states, step, top_k, *, eligibility=None,
+    def propose(self, log_probs, states, step, dense_top_k, *, eligibility=None,
                 need_next_states=False, rank_rows=False):  # fmt: skip
-        from static_keras.layers.decoding_constraint import StepProposal
+        from static_keras.constraint.decoding_constraint import StepProposal
 
-        if (top_k is None or rank_rows) and self._whole(step):  # the whole vocabulary
-            return StepProposal(log_probs, needs_cap=top_k is not None)
-        return StepProposal(*self.candidates(log_probs, states, step, top_k=top_k))
+        if (dense_top_k is None or rank_rows) and self._whole(step):  # the whole vocabulary
+            return StepProposal(log_probs, needs_cap=dense_top_k is not None)
+        return StepProposal(*self.candidates(log_probs, states, step, dense_top_k=dense_top_k))
 
     def advance(self, states, tokens, step):
         from keras import ops
 
         return ops.zeros_like(tokens)
 
-    def candidates(self, log_probs, states, step, top_k=None):
+    def candidates(self, log_probs, states, step, dense_top_k=None):
         import numpy as np
         from keras import ops
 
-        from static_keras.layers import gather
+        from static_keras.kernels import gather
 
         rows = ops.shape(log_probs)[0]
         width = self.widths[step]
         if self._whole(step):
-            scores, tokens = ops.top_k(log_probs, top_k or width)
+            scores, tokens = ops.top_k(log_probs, dense_top_k or width)
             tokens = ops.cast(tokens, "int32")
         else:
             # `B_t` distinct tokens per row, scattered over the vocabulary and
@@ -201,8 +201,8 @@ class _NoIndex:
             tokens = (slots * 131 + row * 61 + step * 17) % VOCAB  # 131: odd, so distinct
             tokens = ops.convert_to_tensor(tokens.astype(np.int32))  # a constant
             scores = gather.take_along_rows(log_probs, tokens)
-            if top_k is not None and top_k < width and step < self.dense_levels:
-                scores, pick = ops.top_k(scores, top_k)
+            if dense_top_k is not None and dense_top_k < width and step < self.dense_levels:
+                scores, pick = ops.top_k(scores, dense_top_k)
                 tokens = gather.take_along_rows(tokens, ops.cast(pick, "int32"))
         return scores, tokens, ops.zeros_like(tokens)
 

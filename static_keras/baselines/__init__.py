@@ -1,7 +1,7 @@
 """Baselines for benchmarking constrained decoding against STATIC.
 
 Each is a constraint for `static_keras.beam_search`: an int `length` and
-`candidates(log_probs, states, step, top_k)` with the contract of
+`candidates(log_probs, states, step, dense_top_k)` with the contract of
 `ConstrainedDecoding.candidates`, so that the decode loop, the model and the
 beam bookkeeping are the same for all and only the constraint differs. The
 unconstrained floor is `beam_search(None, ..., length=L)`.

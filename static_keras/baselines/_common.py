@@ -90,11 +90,11 @@ def pad_invalid(scores, tokens, next_states, ok):
     return scores, tokens, next_states
 
 
-def num_candidates(top_k, vocab_size: int) -> int:
-    """K of a dense-style baseline: `min(top_k, V)`, all of V when top_k is None."""
-    if top_k is None:
+def num_candidates(dense_top_k, vocab_size: int) -> int:
+    """K of a dense-style baseline: `min(dense_top_k, V)`, all of V when dense_top_k is None."""
+    if dense_top_k is None:
         return int(vocab_size)
-    return max(1, min(int(top_k), int(vocab_size)))
+    return max(1, min(int(dense_top_k), int(vocab_size)))
 
 
 def check_step(step, length: int) -> None:

@@ -11,8 +11,8 @@ from keras import ops
 from static_keras.baselines._common import check_step
 from static_keras.baselines._common import num_candidates
 from static_keras.baselines._common import pad_invalid
+from static_keras.constraint.decoding_constraint import DecodingConstraint
 from static_keras.index.input_checks import validate_sequences
-from static_keras.layers.decoding_constraint import DecodingConstraint
 
 _LEAF = -1  # child id stored for a last token: leaves hold no dict
 
@@ -28,7 +28,7 @@ class CpuTrie(DecodingConstraint):
     (`mask[row, list(node)] = True`, what Hugging Face's
     `PrefixConstrainedLogitsProcessor` does with the list the function
     returns); the device masks the log-probs and keeps the best
-    `min(top_k, V)` tokens.
+    `min(dense_top_k, V)` tokens.
 
     One round trip per step: a row's state packs its parent node and the
     token it appended (`node * (V + 1) + token + 1`, int64; the initial
@@ -108,14 +108,14 @@ class CpuTrie(DecodingConstraint):
 
     # Device ------------------------------------------------------------------
 
-    def candidates(self, log_probs, states, step: int, top_k: int | None = None):
-        """`(scores, tokens, next_states)`, each `[R, min(top_k, V)]`; int64 states."""
+    def candidates(self, log_probs, states, step: int, dense_top_k: int | None = None):
+        """`(scores, tokens, next_states)`, each `[R, min(dense_top_k, V)]`; int64 states."""
         check_step(step, self.length)
         log_probs = ops.cast(log_probs, "float32")
         states = ops.cast(states, "int64")
         allowed, node = _host_call(self._host_step, states, self.vocab_size)
         masked = ops.where(allowed, log_probs, -np.inf)
-        scores, best = ops.top_k(masked, num_candidates(top_k, self.vocab_size), sorted=True)
+        scores, best = ops.top_k(masked, num_candidates(dense_top_k, self.vocab_size), sorted=True)
         best = ops.cast(best, "int32")
         ok = ops.take_along_axis(allowed, best, axis=1)
         child = ops.expand_dims(node, 1) * (self.vocab_size + 1) + ops.cast(best, "int64") + 1

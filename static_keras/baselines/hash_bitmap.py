@@ -11,7 +11,7 @@ from static_keras.baselines._common import common_prefix_lengths
 from static_keras.baselines._common import num_candidates
 from static_keras.baselines._common import pad_invalid
 from static_keras.baselines._common import sorted_unique
-from static_keras.layers.decoding_constraint import DecodingConstraint
+from static_keras.constraint.decoding_constraint import DecodingConstraint
 
 # All arithmetic stays below 2**63 in int64 (no wrap-around on any backend):
 # lanes are residues modulo the Mersenne prime 2**31 - 1, multipliers of the
@@ -29,7 +29,7 @@ class HashBitmap(DecodingConstraint):
     state is a 62-bit rolling hash of its prefix (two 31-bit lanes in one
     int64; the initial state 0 is the empty prefix). At each step every token
     of every row is hashed and looked up (`R x V x num_hashes` bit reads); the
-    best `min(top_k, V)` tokens that the filter accepts are the candidates.
+    best `min(dense_top_k, V)` tokens that the filter accepts are the candidates.
 
     A Bloom filter has no false negatives, so every valid sequence stays
     reachable, but it has false positives: an invalid `prefix + token` is
@@ -106,8 +106,8 @@ class HashBitmap(DecodingConstraint):
 
     # Device ------------------------------------------------------------------
 
-    def candidates(self, log_probs, states, step: int, top_k: int | None = None):
-        """`(scores, tokens, next_states)`, each `[R, min(top_k, V)]`; int64 states."""
+    def candidates(self, log_probs, states, step: int, dense_top_k: int | None = None):
+        """`(scores, tokens, next_states)`, each `[R, min(dense_top_k, V)]`; int64 states."""
         check_step(step, self.length)
         log_probs = ops.cast(log_probs, "float32")
         states = ops.cast(states, "int64")
@@ -125,7 +125,7 @@ class HashBitmap(DecodingConstraint):
             bit = ops.bitwise_and(ops.right_shift(word, shift), 1)
             found = ops.logical_and(found, ops.equal(bit, 1))
         masked = ops.where(found, log_probs, -np.inf)
-        scores, best = ops.top_k(masked, num_candidates(top_k, self.vocab_size), sorted=True)
+        scores, best = ops.top_k(masked, num_candidates(dense_top_k, self.vocab_size), sorted=True)
         best = ops.cast(best, "int32")
         ok = ops.take_along_axis(found, best, axis=1)
         child = ops.take_along_axis(high, best, axis=1) * 2**31 + ops.take_along_axis(

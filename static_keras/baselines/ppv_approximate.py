@@ -22,7 +22,7 @@ class PPVApproximate(PPVExact):
     fewer results than exist (a row whose probes are all invalid dies). The
     benchmarks report its recall against the exact result.
 
-    Candidates per row: `min(num_probe, V)` (`top_k` is ignored), sorted by
+    Candidates per row: `min(num_probe, V)` (`dense_top_k` is ignored), sorted by
     score with invalid probes as padding (score -inf, token -1, state -1).
 
     Args:
@@ -64,7 +64,7 @@ class PPVApproximate(PPVExact):
         super().__init__(sequences, vocab_size, keys=keys, search=search)
         self.num_probe = int(min(num_probe, self.vocab_size))
 
-    def candidates(self, log_probs, states, step: int, top_k: int | None = None):
+    def candidates(self, log_probs, states, step: int, dense_top_k: int | None = None):
         """`(scores, tokens, next_states)`, each `[R, min(num_probe, V)]`."""
         check_step(step, self.length)
         log_probs = ops.cast(log_probs, "float32")

@@ -12,7 +12,7 @@ from static_keras.baselines._common import num_candidates
 from static_keras.baselines._common import pad_invalid
 from static_keras.baselines._common import sorted_unique
 from static_keras.constants import INVALID_STATE
-from static_keras.layers.decoding_constraint import DecodingConstraint
+from static_keras.constraint.decoding_constraint import DecodingConstraint
 
 SEARCH_METHODS = ("native", "unrolled")
 
@@ -31,7 +31,7 @@ class PPVExact(DecodingConstraint):
     equal, and its position is the child's state. Each search costs
     `log2(n_{t+1}) <= log2(N)` probes, like a search of the full sorted array.
 
-    After masking, the best `min(top_k, V)` valid tokens of each row are the
+    After masking, the best `min(dense_top_k, V)` valid tokens of each row are the
     candidates (same contract as `ConstrainedDecoding.candidates`: padding is
     score -inf, token -1, state -1; the initial state is 0).
 
@@ -52,7 +52,7 @@ class PPVExact(DecodingConstraint):
     >>> import numpy as np
     >>> ppv = PPVExact([[1, 2], [1, 3], [0, 2]], vocab_size=4)
     >>> logits = np.log(np.full((1, 4), 0.25, "float32"))
-    >>> scores, tokens, states = ppv.candidates(logits, np.zeros(1, "int32"), 0, top_k=4)
+    >>> scores, tokens, states = ppv.candidates(logits, np.zeros(1, "int32"), 0, dense_top_k=4)
     >>> sorted(t for t in np.asarray(tokens)[0].tolist() if t >= 0)
     [0, 1]
 
@@ -90,14 +90,14 @@ class PPVExact(DecodingConstraint):
         """Bytes of the sorted key arrays (what goes to the device)."""
         return self.keys.nbytes
 
-    def candidates(self, log_probs, states, step: int, top_k: int | None = None):
-        """`(scores, tokens, next_states)`, each `[R, min(top_k, V)]`."""
+    def candidates(self, log_probs, states, step: int, dense_top_k: int | None = None):
+        """`(scores, tokens, next_states)`, each `[R, min(dense_top_k, V)]`."""
         check_step(step, self.length)
         log_probs = ops.cast(log_probs, "float32")
         tokens = ops.arange(self.vocab_size, dtype="int32")[None, :]
         found, position = self._search(states, tokens, step)
         masked = ops.where(found, log_probs, -np.inf)
-        scores, best = ops.top_k(masked, num_candidates(top_k, self.vocab_size), sorted=True)
+        scores, best = ops.top_k(masked, num_candidates(dense_top_k, self.vocab_size), sorted=True)
         best = ops.cast(best, "int32")
         ok = ops.take_along_axis(found, best, axis=1)
         next_states = ops.take_along_axis(position, best, axis=1)

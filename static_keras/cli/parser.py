@@ -1,10 +1,21 @@
 """The parser of the `static-keras` command line: one subcommand per command,
-each with a paragraph and an example in its --help."""
+each with a paragraph and an example in its --help.
+
+The commands are declared as data, in `COMMANDS` (in the order that
+`static-keras --help` lists them); `build_parser` turns that table into the
+argparse parser. Arguments that several commands share are declared once,
+as the constants above the table.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import textwrap
+from collections.abc import Callable
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
 
 from static_keras import __version__
 from static_keras.cli import bench_command
@@ -13,36 +24,143 @@ from static_keras.cli import model_commands
 from static_keras.cli import serving_commands
 
 
-def _command(commands, name: str, help: str, description: str, example: str):
-    """A subcommand whose --help shows a paragraph and an example, as written."""
-    return commands.add_parser(
-        name,
-        help=help,
-        description=textwrap.dedent(description).strip(),
-        epilog="example:\n" + textwrap.indent(textwrap.dedent(example).strip(), "  "),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+@dataclasses.dataclass(frozen=True)
+class Argument:
+    """One `add_argument` call. A field left None is not passed, so argparse's
+    own default holds (False for store_true, None for a value, required for a
+    positional)."""
+
+    name: str  # "--flag", or a positional's name
+    help: str
+    action: str | None = None
+    type: Callable[[str], Any] | None = None
+    default: Any = None
+    choices: Sequence[str] | None = None
+    nargs: int | str | None = None
+    required: bool | None = None
+    metavar: str | None = None
+
+    def keywords(self) -> dict[str, Any]:
+        """The keywords of `add_argument` that this argument sets."""
+        keywords = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "name" or value is None:
+                continue
+            # argparse hands out a default object as is: a fresh list per parser
+            # keeps one run's changes out of the next (the table is shared).
+            keywords[field.name] = list(value) if isinstance(value, list) else value
+        return keywords
 
 
-def build_parser() -> argparse.ArgumentParser:
+# A function that returns some arguments when the parser is built rather than when
+# this module is imported: serve-dev's request limits show ServerLimits' defaults,
+# and importing static_keras.serving loads NumPy.
+ArgumentsAtBuild = Callable[[], Sequence[Argument]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One subcommand: its line in `static-keras --help`, the paragraph and the
+    example of its own --help (dedented when the parser is built), the function
+    that runs it and its arguments, in --help order."""
+
+    name: str
+    help: str
+    description: str
+    example: str
+    # The function that runs the command, as a module and a name: it is looked up
+    # when the parser is built, so that a function patched into the module (by a
+    # test) is the one that runs.
+    module: ModuleType
+    function: str
+    arguments: tuple[Argument | ArgumentsAtBuild, ...]
+
+
+DESCRIPTION = (
+    "STATIC constrained decoding for Keras 3 and TensorFlow Serving: compile a "
+    "catalogue's valid set into an index, decode only its members inside a Keras "
+    "model, serve it with index refreshes that need no retraining."
+)
+EPILOG = (
+    "Start with `static-keras demo`; docs/quickstart.md goes from your own semantic "
+    "IDs to a served model. `static-keras COMMAND --help` explains each command."
+)
+VERBOSE_HELP = "also print TensorFlow's log lines and served errors in full"
+
+# --verbose is also accepted after the command (`static-keras demo --verbose`);
+# SUPPRESS keeps an earlier `static-keras --verbose demo` from being reset.
+VERBOSE_AFTER_COMMAND = Argument(
+    "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP
+)
+
+# export and publish: a .keras model, and how its SavedModel is written.
+MODEL_FILE_ARGUMENTS = (
+    Argument("model", help=".keras model holding a ConstrainedBeamSearch"),
+    Argument(
+        "--index",
+        help="index file to decode over instead (an index-only refresh: same decoder "
+        "weights, another valid set)",
+    ),
+    Argument(
+        "--xla",
+        action="store_true",
+        help="save jit-compiled functions (the server needs XLA enabled: docs/serving.md)",
+    ),
+    Argument(
+        "--warmup-batch-sizes",
+        type=int,
+        nargs="+",
+        default=[1, 8],
+        help="batch sizes of the warmup requests (default 1 8)",
+    ),
+    Argument(
+        "--model-name",
+        default="static_keras",
+        help="model name in the warmup requests (default static_keras)",
+    ),
+)
+
+# The commands that publish a version under a base path.
+MODEL_BASE_PATH = Argument("--model-base-path", required=True, help="directory TF Serving polls")
+NEW_VERSION = Argument("--version", type=int, help="version number (default: newest + 1)")
+KEEP_GOOD_VERSIONS = Argument(
+    "--keep", type=int, default=3, help="good versions to keep (default 3)"
+)
+
+
+def server_limit_arguments() -> tuple[Argument, ...]:
+    """serve-dev's limits on one request, with ServerLimits' defaults."""
     from static_keras.serving.limits import ServerLimits
 
-    parser = argparse.ArgumentParser(
-        prog="static-keras",
-        description="STATIC constrained decoding for Keras 3 and TensorFlow Serving: compile a "
-        "catalogue's valid set into an index, decode only its members inside a Keras model, "
-        "serve it with index refreshes that need no retraining.",
-        epilog="Start with `static-keras demo`; docs/quickstart.md goes from your own semantic "
-        "IDs to a served model. `static-keras COMMAND --help` explains each command.",
+    defaults = ServerLimits()
+    return (
+        Argument(
+            "--max_body_bytes",
+            type=int,
+            default=defaults.max_body_bytes,
+            help=f"largest REST body; larger ones get HTTP 413 (default {defaults.max_body_bytes})",
+        ),
+        Argument(
+            "--read_timeout_seconds",
+            type=float,
+            default=defaults.read_timeout_seconds,
+            help="time a REST client has to send a request; then HTTP 408 "
+            f"(default {defaults.read_timeout_seconds:g})",
+        ),
+        Argument(
+            "--max_batch_rows",
+            type=int,
+            default=defaults.max_batch_rows,
+            help=f"most rows in one request, 0 = no limit (default {defaults.max_batch_rows})",
+        ),
     )
-    verbose_help = "also print TensorFlow's log lines and served errors in full"
-    parser.add_argument("--verbose", action="store_true", help=verbose_help)
-    parser.add_argument("--version", action="version", version=f"static-keras {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = _command(
-        commands,
-        "demo",
+
+COMMANDS = (
+    # -- the demo, and index files ------------------------------------------------
+    Command(
+        name="demo",
         help="generative retrieval end to end: semantic IDs, a trained decoder, "
         "constrained vs unconstrained beam search, cold start, a hot swap",
         description="""
@@ -63,31 +181,34 @@ def build_parser() -> argparse.ArgumentParser:
             static-keras demo --quick --out /tmp/demo   # then read /tmp/demo/report.md
             static-keras demo --strings                 # a weak LLM-style model, constrained
         """,
-    )
-    demo.add_argument(
-        "--strings",
-        action="store_true",
-        help="the second demo: a small model trained here answers which AWS operation a "
-        "sentence describes, unconstrained and constrained to the 15,000 names (validity, "
-        "accuracy, time per answer); needs botocore and tokenizers (static-keras[strings-demo])",
-    )
-    demo.add_argument(
-        "--quick",
-        action="store_true",
-        help="20,000 items and fewer users and epochs (for CI); with --strings: 2,000 training "
-        "questions",
-    )
-    demo.add_argument(
-        "--out",
-        help="report folder (default static_keras_demo, with --strings static_keras_strings_demo)",
-    )
-    demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    demo.add_argument("--no-serve", action="store_true", help="skip the export/serving part")
-    demo.set_defaults(run=model_commands.command_demo)
-
-    build = _command(
-        commands,
-        "build-index",
+        module=model_commands,
+        function="command_demo",
+        arguments=(
+            Argument(
+                "--strings",
+                action="store_true",
+                help="the second demo: a small model trained here answers which AWS operation "
+                "a sentence describes, unconstrained and constrained to the 15,000 names "
+                "(validity, accuracy, time per answer); needs botocore and tokenizers "
+                "(static-keras[strings-demo])",
+            ),
+            Argument(
+                "--quick",
+                action="store_true",
+                help="20,000 items and fewer users and epochs (for CI); with --strings: 2,000 "
+                "training questions",
+            ),
+            Argument(
+                "--out",
+                help="report folder (default static_keras_demo, with --strings "
+                "static_keras_strings_demo)",
+            ),
+            Argument("--seed", type=int, default=0, help="random seed (default 0)"),
+            Argument("--no-serve", action="store_true", help="skip the export/serving part"),
+        ),
+    ),
+    Command(
+        name="build-index",
         help="compile sequences into an index file",
         description="""
             Compile semantic IDs (an int array [N, L], one row per item) into an index
@@ -101,85 +222,87 @@ def build_parser() -> argparse.ArgumentParser:
             static-keras build-index 'shards/*.parquet' --runner beam --vocab-size 256 \\
                 --item-id-field item_id --out catalogue.npz
         """,
-    )
-    build.add_argument(
-        "sequences",
-        nargs="+",
-        help="int array [N, L] of semantic IDs: .npy, .csv (no header) or .parquet (one "
-        "integer column per level; a column 'item_id' is skipped); with --runner beam, "
-        "paths or globs of .parquet, .tfrecord or .csv shards",
-    )
-    build.add_argument("--vocab-size", type=int, required=True, help="token ids per level, V")
-    build.add_argument("--out", required=True, help="index file to write (.npz)")
-    build.add_argument(
-        "--item-ids", help="int array [N] of catalogue ids (.npy, .csv, or .parquet column item_id)"
-    )
-    build.add_argument("--progress", action="store_true", help="always draw the progress bar")
-    build.add_argument(
-        "--dense-levels",
-        default="auto",
-        type=index_commands.dense_levels,
-        help="steps served by dense masks (int or 'auto', the default)",
-    )
-    build.add_argument(
-        "--on-duplicate-item",
-        default="error",
-        choices=["error", "first", "last"],
-        help="one semantic ID with two item ids: fail, or keep the first/last",
-    )
-    build.add_argument(
-        "--headroom",
-        default=0.0,
-        type=float,
-        help="capacities this share above the catalogue, so that update-catalogue can "
-        "publish later deltas without a new graph (e.g. 0.1; default 0: exact)",
-    )
-    build.add_argument(
-        "--runner",
-        default="in-process",
-        choices=["in-process", "beam"],
-        help="in-process (default): StaticIndex.build in this process; beam: an Apache Beam "
-        "pipeline, the local runner unless --beam-option says otherwise",
-    )
-    build.add_argument(
-        "--beam-option",
-        action="append",
-        metavar="FLAG",
-        help="a Beam pipeline option, passed on; repeat it, and write it with '=': "
-        "--beam-option=--runner=DataflowRunner --beam-option=--direct_num_workers=2",
-    )
-    build.add_argument(
-        "--input-format",
-        default="auto",
-        choices=["auto", "parquet", "tfrecord", "csv"],
-        help="(beam) shard format; auto: from each file's suffix",
-    )
-    build.add_argument(
-        "--sequence-field",
-        help="(beam) Parquet list column or TFRecord int64 feature of the IDs (default: every "
-        "Parquet column but the item ids; TFRecord feature 'semantic_id')",
-    )
-    build.add_argument(
-        "--item-id-field",
-        help="(beam) Parquet column or TFRecord feature of the item ids; for CSV, any name "
-        "reads the last column",
-    )
-    build.add_argument(
-        "--partition-levels",
-        default="auto",
-        type=index_commands.dense_levels,
-        help="(beam) first tokens of a partition key (int or 'auto': at least 256 keys)",
-    )
-    build.add_argument(
-        "--temp-location",
-        help="(beam) folder for staged partitions, on a filesystem the workers can write "
-        "(default: the pipeline's --temp_location, else beside --out)",
-    )
-    build.set_defaults(run=index_commands.command_build_index)
-
-    inspect = _command(
-        commands,
-        "inspect",
+        module=index_commands,
+        function="command_build_index",
+        arguments=(
+            Argument(
+                "sequences",
+                nargs="+",
+                help="int array [N, L] of semantic IDs: .npy, .csv (no header) or .parquet "
+                "(one integer column per level; a column 'item_id' is skipped); with --runner "
+                "beam, paths or globs of .parquet, .tfrecord or .csv shards",
+            ),
+            Argument("--vocab-size", type=int, required=True, help="token ids per level, V"),
+            Argument("--out", required=True, help="index file to write (.npz)"),
+            Argument(
+                "--item-ids",
+                help="int array [N] of catalogue ids (.npy, .csv, or .parquet column item_id)",
+            ),
+            Argument("--progress", action="store_true", help="always draw the progress bar"),
+            Argument(
+                "--dense-levels",
+                default="auto",
+                type=index_commands.dense_levels,
+                help="steps served by dense masks (int or 'auto', the default)",
+            ),
+            Argument(
+                "--on-duplicate-item",
+                default="error",
+                choices=["error", "first", "last"],
+                help="one semantic ID with two item ids: fail, or keep the first/last",
+            ),
+            Argument(
+                "--headroom",
+                default=0.0,
+                type=float,
+                help="capacities this share above the catalogue, so that update-catalogue can "
+                "publish later deltas without a new graph (e.g. 0.1; default 0: exact)",
+            ),
+            Argument(
+                "--runner",
+                default="in-process",
+                choices=["in-process", "beam"],
+                help="in-process (default): StaticIndex.build in this process; beam: an Apache "
+                "Beam pipeline, the local runner unless --beam-option says otherwise",
+            ),
+            Argument(
+                "--beam-option",
+                action="append",
+                metavar="FLAG",
+                help="a Beam pipeline option, passed on; repeat it, and write it with '=': "
+                "--beam-option=--runner=DataflowRunner --beam-option=--direct_num_workers=2",
+            ),
+            Argument(
+                "--input-format",
+                default="auto",
+                choices=["auto", "parquet", "tfrecord", "csv"],
+                help="(beam) shard format; auto: from each file's suffix",
+            ),
+            Argument(
+                "--sequence-field",
+                help="(beam) Parquet list column or TFRecord int64 feature of the IDs (default: "
+                "every Parquet column but the item ids; TFRecord feature 'semantic_id')",
+            ),
+            Argument(
+                "--item-id-field",
+                help="(beam) Parquet column or TFRecord feature of the item ids; for CSV, any "
+                "name reads the last column",
+            ),
+            Argument(
+                "--partition-levels",
+                default="auto",
+                type=index_commands.dense_levels,
+                help="(beam) first tokens of a partition key (int or 'auto': at least 256 keys)",
+            ),
+            Argument(
+                "--temp-location",
+                help="(beam) folder for staged partitions, on a filesystem the workers can "
+                "write (default: the pipeline's --temp_location, else beside --out)",
+            ),
+        ),
+    ),
+    Command(
+        name="inspect",
         help="print an index file's statistics (semantic IDs or a string set)",
         description="""
             Print an index file's statistics: its kind, members, automaton states, vocab
@@ -190,35 +313,18 @@ def build_parser() -> argparse.ArgumentParser:
         example="""
             static-keras inspect catalogue.npz
         """,
-    )
-    inspect.add_argument(
-        "index", help="index file written by build-index, StaticIndex.save or StringIndex.save"
-    )
-    inspect.set_defaults(run=index_commands.command_inspect)
-
-    def model_arguments(command):
-        command.add_argument("model", help=".keras model holding a ConstrainedBeamSearch")
-        command.add_argument(
-            "--index",
-            help="index file to decode over instead (an index-only refresh: same decoder "
-            "weights, another valid set)",
-        )
-        command.add_argument(
-            "--xla", action="store_true",
-            help="save jit-compiled functions (the server needs XLA enabled: docs/serving.md)",
-        )  # fmt: skip
-        command.add_argument(
-            "--warmup-batch-sizes", type=int, nargs="+", default=[1, 8],
-            help="batch sizes of the warmup requests (default 1 8)",
-        )  # fmt: skip
-        command.add_argument(
-            "--model-name", default="static_keras",
-            help="model name in the warmup requests (default static_keras)",
-        )  # fmt: skip
-
-    export = _command(
-        commands,
-        "export",
+        module=index_commands,
+        function="command_inspect",
+        arguments=(
+            Argument(
+                "index",
+                help="index file written by build-index, StaticIndex.save or StringIndex.save",
+            ),
+        ),
+    ),
+    # -- models, and the versions a server polls -----------------------------------
+    Command(
+        name="export",
         help="write a SavedModel for TF Serving",
         description="""
             Write a SavedModel for TensorFlow Serving from a .keras model that holds a
@@ -231,14 +337,15 @@ def build_parser() -> argparse.ArgumentParser:
         example="""
             static-keras export recommender.keras --out exported/recs
         """,
-    )
-    model_arguments(export)
-    export.add_argument("--out", required=True, help="directory to create")
-    export.set_defaults(run=model_commands.command_export)
-
-    publish = _command(
-        commands,
-        "publish",
+        module=model_commands,
+        function="command_export",
+        arguments=(
+            *MODEL_FILE_ARGUMENTS,
+            Argument("--out", required=True, help="directory to create"),
+        ),
+    ),
+    Command(
+        name="publish",
         help="export atomically as a new version under a model base path",
         description="""
             Export the model as a new integer version under --model-base-path, atomically:
@@ -253,19 +360,23 @@ def build_parser() -> argparse.ArgumentParser:
             static-keras publish recommender.keras --model-base-path models/recs \\
                 --index in_stock.npz
         """,
-    )
-    model_arguments(publish)
-    publish.add_argument("--model-base-path", required=True, help="directory TF Serving polls")
-    publish.add_argument("--version", type=int, help="version number (default: newest + 1)")
-    publish.add_argument(
-        "--keep", type=int, default=3,
-        help="versions that load and warm up to keep; rejected ones never count (default 3)",
-    )  # fmt: skip
-    publish.set_defaults(run=model_commands.command_publish)
-
-    refresh = _command(
-        commands,
-        "refresh-eligibility",
+        module=model_commands,
+        function="command_publish",
+        arguments=(
+            *MODEL_FILE_ARGUMENTS,
+            MODEL_BASE_PATH,
+            NEW_VERSION,
+            Argument(
+                "--keep",
+                type=int,
+                default=3,
+                help="versions that load and warm up to keep; rejected ones never count "
+                "(default 3)",
+            ),
+        ),
+    ),
+    Command(
+        name="refresh-eligibility",
         help="publish a version whose only change is some eligibility sets (no rebuild)",
         description="""
             Publish a new version whose only change is the members of some eligibility sets
@@ -279,21 +390,26 @@ def build_parser() -> argparse.ArgumentParser:
             static-keras refresh-eligibility --model-base-path models/recs \\
                 --set in_stock=in_stock_ids.npy --set region_eu=eu_ids.parquet --column item_id
         """,
-    )
-    refresh.add_argument("--model-base-path", required=True, help="directory TF Serving polls")
-    refresh.add_argument(
-        "--set", action="append", required=True, metavar="NAME=FILE",
-        help="a set to replace and its eligible item ids (.npy, .csv or .parquet); repeatable",
-    )  # fmt: skip
-    refresh.add_argument("--column", help="the item id column of a .parquet file")
-    refresh.add_argument("--source-version", type=int, help="version to copy (default: newest)")
-    refresh.add_argument("--version", type=int, help="version number (default: newest + 1)")
-    refresh.add_argument("--keep", type=int, default=3, help="good versions to keep (default 3)")
-    refresh.set_defaults(run=model_commands.command_refresh_eligibility)
-
-    update = _command(
-        commands,
-        "update-catalogue",
+        module=model_commands,
+        function="command_refresh_eligibility",
+        arguments=(
+            MODEL_BASE_PATH,
+            Argument(
+                "--set",
+                action="append",
+                required=True,
+                metavar="NAME=FILE",
+                help="a set to replace and its eligible item ids (.npy, .csv or .parquet); "
+                "repeatable",
+            ),
+            Argument("--column", help="the item id column of a .parquet file"),
+            Argument("--source-version", type=int, help="version to copy (default: newest)"),
+            NEW_VERSION,
+            KEEP_GOOD_VERSIONS,
+        ),
+    ),
+    Command(
+        name="update-catalogue",
         help="publish a catalogue delta (items added/removed) without a new graph",
         description="""
             Publish a new version whose catalogue is the served one's with items removed and
@@ -308,36 +424,43 @@ def build_parser() -> argparse.ArgumentParser:
             static-keras update-catalogue --model-base-path models/recs \\
                 --add added.parquet --remove removed.npy --add-to-set in_stock=fresh.npy
         """,
-    )
-    update.add_argument("--model-base-path", required=True, help="directory TF Serving polls")
-    update.add_argument(
-        "--add", metavar="FILE",
-        help="items added: .npz (semantic_ids, item_ids), .parquet (item_id + one column per "
-             "token), or .npy/.csv semantic ids with --add-item-ids",
-    )  # fmt: skip
-    update.add_argument("--add-item-ids", metavar="FILE", help="item ids of .npy/.csv --add rows")
-    update.add_argument("--remove", metavar="FILE", help="item ids removed (.npy/.csv/.parquet)")
-    update.add_argument(
-        "--add-to-set", action="append", metavar="NAME=FILE",
-        help="added items that join set NAME (others join no set); repeatable",
-    )  # fmt: skip
-    update.add_argument(
-        "--on-duplicate-item", choices=("error", "first", "last"), default="error",
-        help="an added semantic ID that an item already has (default: error)",
-    )  # fmt: skip
-    update.add_argument(
-        "--base-fingerprint",
-        help="the catalogue the delta was computed against (the last update's printed "
-        "fingerprint): refused when the served catalogue differs",
-    )
-    update.add_argument("--source-version", type=int, help="version to change (default: newest)")
-    update.add_argument("--version", type=int, help="version number (default: newest + 1)")
-    update.add_argument("--keep", type=int, default=3, help="good versions to keep (default 3)")
-    update.set_defaults(run=model_commands.command_update_catalogue)
-
-    serve = _command(
-        commands,
-        "serve-dev",
+        module=model_commands,
+        function="command_update_catalogue",
+        arguments=(
+            MODEL_BASE_PATH,
+            Argument(
+                "--add",
+                metavar="FILE",
+                help="items added: .npz (semantic_ids, item_ids), .parquet (item_id + one "
+                "column per token), or .npy/.csv semantic ids with --add-item-ids",
+            ),
+            Argument("--add-item-ids", metavar="FILE", help="item ids of .npy/.csv --add rows"),
+            Argument("--remove", metavar="FILE", help="item ids removed (.npy/.csv/.parquet)"),
+            Argument(
+                "--add-to-set",
+                action="append",
+                metavar="NAME=FILE",
+                help="added items that join set NAME (others join no set); repeatable",
+            ),
+            Argument(
+                "--on-duplicate-item",
+                choices=("error", "first", "last"),
+                default="error",
+                help="an added semantic ID that an item already has (default: error)",
+            ),
+            Argument(
+                "--base-fingerprint",
+                help="the catalogue the delta was computed against (the last update's printed "
+                "fingerprint): refused when the served catalogue differs",
+            ),
+            Argument("--source-version", type=int, help="version to change (default: newest)"),
+            NEW_VERSION,
+            KEEP_GOOD_VERSIONS,
+        ),
+    ),
+    # -- serving --------------------------------------------------------------------
+    Command(
+        name="serve-dev",
         help="development TF Serving stand-in (production: tensorflow_model_server)",
         description="""
             A development server for local use and tests, with the flag names of
@@ -352,41 +475,33 @@ def build_parser() -> argparse.ArgumentParser:
             history=3,14,15,92,65,35,89,79,32,38,46,26,43,38,32,79,50,28,84,19
             static-keras query --grpc 127.0.0.1:8500 --model recs --input history=$history --wait 60
         """,
-    )
-    serve.add_argument("--port", type=int, default=8500, help="gRPC port (default 8500)")
-    serve.add_argument("--rest_api_port", type=int, default=8501, help="REST port (default 8501)")
-    serve.add_argument("--model_name", default="default", help="model name (default 'default')")
-    serve.add_argument("--model_base_path", help="directory of integer version directories")
-    serve.add_argument("--model_config_file", help="models.config (labels, specific versions)")
-    serve.add_argument(
-        "--file_system_poll_wait_seconds", type=float, default=1.0,
-        help="seconds between looks for new or removed versions (default 1)",
-    )  # fmt: skip
-    serve.add_argument(
-        "--xla_cpu_compilation_enabled", action="store_true",
-        help="serve versions exported with --xla (jit-compiled); without it they are "
-        "rejected, as tensorflow_model_server does",
-    )  # fmt: skip
-    defaults = ServerLimits()
-    serve.add_argument(
-        "--max_body_bytes", type=int, default=defaults.max_body_bytes,
-        help=f"largest REST body; larger ones get HTTP 413 (default {defaults.max_body_bytes})",
-    )  # fmt: skip
-    serve.add_argument(
-        "--read_timeout_seconds", type=float, default=defaults.read_timeout_seconds,
-        help="time a REST client has to send a request; then HTTP 408 "
-        f"(default {defaults.read_timeout_seconds:g})",
-    )  # fmt: skip
-    serve.add_argument(
-        "--max_batch_rows", type=int, default=defaults.max_batch_rows,
-        help=f"most rows in one request, 0 = no limit (default {defaults.max_batch_rows})",
-    )  # fmt: skip
-    serve.add_argument("--run-seconds", type=float, help="stop after this long (default: never)")
-    serve.set_defaults(run=serving_commands.command_serve_dev)
-
-    query = _command(
-        commands,
-        "query",
+        module=serving_commands,
+        function="command_serve_dev",
+        # The flag names are tensorflow_model_server's (snake case), but --run-seconds.
+        arguments=(
+            Argument("--port", type=int, default=8500, help="gRPC port (default 8500)"),
+            Argument("--rest_api_port", type=int, default=8501, help="REST port (default 8501)"),
+            Argument("--model_name", default="default", help="model name (default 'default')"),
+            Argument("--model_base_path", help="directory of integer version directories"),
+            Argument("--model_config_file", help="models.config (labels, specific versions)"),
+            Argument(
+                "--file_system_poll_wait_seconds",
+                type=float,
+                default=1.0,
+                help="seconds between looks for new or removed versions (default 1)",
+            ),
+            Argument(
+                "--xla_cpu_compilation_enabled",
+                action="store_true",
+                help="serve versions exported with --xla (jit-compiled); without it they are "
+                "rejected, as tensorflow_model_server does",
+            ),
+            server_limit_arguments,
+            Argument("--run-seconds", type=float, help="stop after this long (default: never)"),
+        ),
+    ),
+    Command(
+        name="query",
         help="send one Predict request to a server",
         description="""
             Send one Predict request (signature serving_default) to tensorflow_model_server
@@ -405,28 +520,36 @@ def build_parser() -> argparse.ArgumentParser:
             static-keras query --rest 127.0.0.1:8501 --model recs \\
                 --input history=3,14,15,92,65,35,89,79,32,38,46,26,43,38,32,79,50,28,84,19
         """,
-    )
-    query.add_argument("--model", required=True, help="model name")
-    query.add_argument("--grpc", help="gRPC address HOST:PORT, e.g. 127.0.0.1:8500")
-    query.add_argument(
-        "--rest", help="REST address: a base URL or HOST:PORT, e.g. 127.0.0.1:8501 (http)"
-    )
-    query.add_argument(
-        "--input", action="append", required=True, metavar="NAME=ROWS",
-        help="an input and its int32 rows, NAME=1,2,3;4,5,6 (rows split by ';'); repeatable",
-    )  # fmt: skip
-    query.add_argument("--version", type=int, help="model version (default: the newest)")
-    query.add_argument("--label", help="version label (from a models.config)")
-    query.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
-    query.add_argument(
-        "--wait", type=float, default=0.0,
-        help="seconds to keep retrying while the server is not up yet (default 0)",
-    )  # fmt: skip
-    query.set_defaults(run=serving_commands.command_query)
-
-    bench = _command(
-        commands,
-        "bench",
+        module=serving_commands,
+        function="command_query",
+        arguments=(
+            Argument("--model", required=True, help="model name"),
+            Argument("--grpc", help="gRPC address HOST:PORT, e.g. 127.0.0.1:8500"),
+            Argument(
+                "--rest", help="REST address: a base URL or HOST:PORT, e.g. 127.0.0.1:8501 (http)"
+            ),
+            Argument(
+                "--input",
+                action="append",
+                required=True,
+                metavar="NAME=ROWS",
+                help="an input and its int32 rows, NAME=1,2,3;4,5,6 (rows split by ';'); "
+                "repeatable",
+            ),
+            Argument("--version", type=int, help="model version (default: the newest)"),
+            Argument("--label", help="version label (from a models.config)"),
+            Argument("--timeout", type=float, default=10.0, help="seconds (default 10)"),
+            Argument(
+                "--wait",
+                type=float,
+                default=0.0,
+                help="seconds to keep retrying while the server is not up yet (default 0)",
+            ),
+        ),
+    ),
+    # -- benchmarks -------------------------------------------------------------------
+    Command(
+        name="bench",
         help="run the benchmark suite (benchmarks/ in a source checkout)",
         description="""
             Run the decoding benchmark suite of a source checkout (benchmarks/run_all.py):
@@ -441,17 +564,47 @@ def build_parser() -> argparse.ArgumentParser:
             static-keras bench --quick
             static-keras bench --only build n --sizes 1e5 1e6 --results-dir /tmp/bench
         """,
-    )
-    bench.add_argument(
-        "args", nargs=argparse.REMAINDER, metavar="ARGS",
-        help="arguments of benchmarks/run_all.py (see above), passed on as given",
-    )  # fmt: skip
-    bench.set_defaults(run=bench_command.command_bench)
+        module=bench_command,
+        function="command_bench",
+        arguments=(
+            Argument(
+                "args",
+                nargs=argparse.REMAINDER,
+                metavar="ARGS",
+                help="arguments of benchmarks/run_all.py (see above), passed on as given",
+            ),
+        ),
+    ),
+)
 
-    for command in commands.choices.values():
-        # Also after the command (`static-keras demo --verbose`); SUPPRESS keeps
-        # an earlier `static-keras --verbose demo` from being reset.
-        command.add_argument(
-            "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `static-keras`, made from `COMMANDS`."""
+    parser = argparse.ArgumentParser(prog="static-keras", description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+    parser.add_argument("--version", action="version", version=f"static-keras {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        subparser = subparsers.add_parser(
+            command.name,
+            help=command.help,
+            description=textwrap.dedent(command.description).strip(),
+            epilog="example:\n" + textwrap.indent(textwrap.dedent(command.example).strip(), "  "),
+            # The paragraph and the example keep their line breaks as written.
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        for argument in [*_written_out(command.arguments), VERBOSE_AFTER_COMMAND]:
+            subparser.add_argument(argument.name, **argument.keywords())
+        subparser.set_defaults(run=getattr(command.module, command.function))
     return parser
+
+
+def _written_out(arguments: Sequence[Argument | ArgumentsAtBuild]) -> list[Argument]:
+    """`arguments`, with each function among them replaced by the arguments it returns."""
+    written_out = []
+    for entry in arguments:
+        if isinstance(entry, Argument):
+            written_out.append(entry)
+        else:
+            written_out.extend(entry())
+    return written_out

@@ -73,7 +73,7 @@ def _warn_if_nothing_to_serve(model) -> None:
     but a typo would otherwise only show as "Servable not found" later."""
     import os
 
-    from static_keras.export.publish import list_versions
+    from static_keras.serving.versions import list_versions
 
     path = model.base_path
     if not os.path.isdir(path):

@@ -10,14 +10,14 @@ import keras
 import numpy as np
 from keras import ops
 
+from static_keras.constraint import eligibility_request
+from static_keras.constraint.decoding_constraint import DecodingConstraint
 from static_keras.decoding import beam_steps
 from static_keras.decoding.unconstrained import Unconstrained
 from static_keras.index.automaton import TokenAutomaton
-from static_keras.layers import eligibility_request
-from static_keras.layers import execution_plan
-from static_keras.layers import gather
+from static_keras.kernels import execution_plan
+from static_keras.kernels import gather
 from static_keras.layers.automaton_constraint import AutomatonConstraint
-from static_keras.layers.decoding_constraint import DecodingConstraint
 from static_keras.layers.layer_classes import constraint_for
 
 StepFn = Callable[[Any, Any], tuple[Any, Any]]
@@ -64,20 +64,21 @@ def beam_search(
         initial_state: nest of tensors with leading dimension B, or R (row
             `b * beam_size + m`; the first step reads row `b * beam_size`).
         num_results: int K <= beam_size (the default), results per batch row.
-        dense_top_k: int, tokens per beam (the constraint's `top_k`) at the
-            steps after the first whose rows come from the vocabulary: the
-            dense head of semantic IDs, every step of a string set or of an
-            unconstrained search. Defaults to `beam_size` (exact).
+        dense_top_k: int, tokens per beam at the steps after the first whose
+            rows come from the vocabulary: the dense head of semantic IDs,
+            every step of a string set or of an unconstrained search. The
+            constraint's step methods and `capped_top_k` take it under the
+            same name. Defaults to `beam_size` (exact).
         length: int, steps of an unconstrained search (None with an index).
         distinct_items: bool. With an EOS constraint, each member once, with
             its best tokenization found (a finished beam whose state a better
             finished beam holds is dropped; lossless). False: every
             tokenization. No effect on fixed-length sets. Defaults to True.
-        eligibility: None, or `(set_ids int32 [B], excluded int32 [B, E])`
-            per batch row (set -1: any; excluded member numbers padded with
-            `num_members`; either may be None), for a layer with eligibility
-            sets: every result is eligible and not excluded, and with
-            `beam_size` at least their number, their exhaustive ranking.
+        eligibility: None, or an `Eligibility(set_ids=int [B], excluded=int
+            [B, E])` per batch row (set -1: any; excluded member numbers
+            padded with `num_members`; either may be None), for a layer with
+            eligibility sets: every result is eligible and not excluded, and
+            with `beam_size` at least their number, their exhaustive ranking.
 
     Returns:
         dict with `tokens` int32 `[B, K, L]`, `scores` float32 `[B, K]` (sum of

@@ -6,7 +6,8 @@ log-probabilities, finished beams proposing only themselves), `rank` (the
 best `beam_size` extensions of each batch row), `reorder` (the survivors'
 tokens, states and history, by parent) and `finish` (only ended beams of a
 variable-length set, sorted; item ids). Rows are batch-major: beam `m` of
-batch row `b` is row `b * beam_size + m`.
+batch row `b` is row `b * beam_size + m`. What finished and dead beams do
+is `finished_beams`' rule, shared with the keras-hub samplers.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from keras import ops
 
 from static_keras.constants import INVALID_STATE
 from static_keras.constants import PAD_TOKEN
-from static_keras.layers import capped_top_k
-from static_keras.layers import execution_plan
-from static_keras.layers import gather
-from static_keras.layers import two_stage_top_k
+from static_keras.decoding import finished_beams
+from static_keras.kernels import capped_top_k
+from static_keras.kernels import execution_plan
+from static_keras.kernels import gather
+from static_keras.kernels import two_stage_top_k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,8 +75,8 @@ class Extensions:
     total: Any  # float32 [B, beams, width]: the beam's score plus the token's
     tokens: Any  # int32 [rows, width], or None: the column is the token
     next_states: Any  # int32 [rows, width], or None: `advance` the survivors
-    top_k: int | None  # tokens per beam where that cap binds, else None
-    needs_cap: bool  # whether `rank` still caps each beam at `top_k`
+    dense_top_k: int | None  # tokens per beam where that cap binds, else None
+    needs_cap: bool  # whether `rank` still caps each beam at `dense_top_k`
 
 
 def step_rows(search: Search, beams: Beams, step: int) -> Rows:
@@ -97,19 +99,19 @@ def expand(search: Search, beams: Beams, rows: Rows, logits, step: int) -> Exten
     # log-prob matrix is written.
     logits, normaliser = shift_and_normaliser(ops.cast(logits, "float32"))
     eos, beam_size = search.eos, search.beam_size
-    # `dense_top_k` is the constraint's `top_k`. A beam never gives more
-    # than `beam_size` survivors: such a cap never binds.
+    # `dense_top_k` goes to the constraint under its own name, None where it
+    # cannot bind: a beam never gives more than `beam_size` survivors.
     binds = rows.dense_top_k < beam_size or (eos is not None and step > 0)
-    top_k = rows.dense_top_k if binds else None
+    dense_top_k = rows.dense_top_k if binds else None
     # A binding cap by rankings of whole batch rows (`capped_top_k`) where
     # the plan says so, for fixed-length sets; else a top-k per beam.
     plan = execution_plan.current()
-    rank_rows = top_k is not None and eos is None and plan.rank_capped_beams_by_row
+    rank_rows = dense_top_k is not None and eos is None and plan.rank_capped_beams_by_row
     proposal = search.constraint.propose(
         logits,
         rows.states,
         step,
-        top_k,
+        dense_top_k,
         eligibility=rows.eligibility,
         need_next_states=eos is not None,
         rank_rows=rank_rows,
@@ -117,22 +119,21 @@ def expand(search: Search, beams: Beams, rows: Rows, logits, step: int) -> Exten
     scores = proposal.scores - normaliser  # -inf (padding, disallowed) stays -inf
     tokens, next_states = proposal.tokens, proposal.next_states
     width = ops.shape(scores)[1]
-    if eos is not None and step > 0:  # a finished beam proposes only itself
-        done = ops.expand_dims(beams.finished, 1)
-        itself = ops.where(ops.equal(ops.arange(width), 0), 0.0, -np.inf)[None, :]
-        scores = ops.where(done, itself, scores)
-        tokens = ops.where(done, PAD_TOKEN, tokens)
-        next_states = ops.where(done, ops.expand_dims(beams.states, 1), next_states)
+    if eos is not None and step > 0:  # a finished beam proposes only itself, in slot 0
+        done = beams.finished
+        scores = finished_beams.only_candidate(scores, done, 0)
+        tokens = finished_beams.finished_tokens(done, PAD_TOKEN, tokens)
+        next_states = finished_beams.held_states(done, beams.states, next_states)
     total = ops.reshape(ops.expand_dims(rows.scores, 1) + scores, (-1, rows.beams, width))
-    return Extensions(total, tokens, next_states, top_k, proposal.needs_cap)
+    return Extensions(total, tokens, next_states, dense_top_k, proposal.needs_cap)
 
 
 def rank(search: Search, rows: Rows, ext: Extensions):
     """`(scores [B, M], choice [B, M])`: each batch row's best extensions,
     `choice` a position in its `beams x width` candidates."""
     beam_size, width = search.beam_size, ops.shape(ext.total)[2]
-    if ext.needs_cap:  # whole rows or uncapped candidates, `top_k` per beam
-        scores, choice = capped_top_k.capped_top_k(ext.total, beam_size, ext.top_k)
+    if ext.needs_cap:  # whole rows or uncapped candidates, `dense_top_k` per beam
+        scores, choice = capped_top_k.capped_top_k(ext.total, beam_size, ext.dense_top_k)
     else:
         total = ops.reshape(ext.total, (-1, rows.beams * width))
         if rows.beams * width < beam_size:  # the first step, fewer candidates than beams
@@ -174,15 +175,13 @@ def reorder(search: Search, beams: Beams, rows: Rows, ext: Extensions, ranked, s
             next_state = constraint.advance(parents_of(rows.states), token, step)
         else:
             next_state = gather.take(ops.reshape(ext.next_states, (-1,)), flat_choice)
-    token = ops.where(live, token, PAD_TOKEN)
-    states = ops.where(live, next_state, INVALID_STATE)
+    token, states = finished_beams.bury_dead(live, token, next_state, PAD_TOKEN)
     prefix = ops.concatenate([parents_of(beams.prefix), ops.expand_dims(token, 1)], axis=1)
     finished = beams.finished
     if search.eos is not None:
-        ended = ops.logical_or(parents_of(finished), ops.equal(token, search.eos))
-        finished = ops.logical_and(live, ended)
+        finished = finished_beams.ended(parents_of(finished), token, search.eos, live)
         if search.distinct_items:
-            repeat = repeated_finished(states, finished, beam_size)
+            repeat = finished_beams.repeated_finished(states, finished, beam_size)
             scores = ops.where(repeat, -np.inf, scores)
             finished = ops.logical_and(finished, ops.logical_not(repeat))
     state = beams.decoder_state
@@ -221,14 +220,3 @@ def shift_and_normaliser(logits):
     and `log(sum(exp(shifted)))`; `shifted - normaliser` is the log-softmax."""
     shifted = logits - ops.max(logits, axis=1, keepdims=True)
     return shifted, ops.log(ops.sum(ops.exp(shifted), axis=1, keepdims=True))
-
-
-def repeated_finished(states, finished, beam_size: int):
-    """bool `[R]`: finished beams whose state a better finished beam of the
-    same batch row holds (beams are sorted by score within a row)."""
-    states = ops.reshape(states, (-1, beam_size))
-    finished = ops.reshape(finished, (-1, beam_size))
-    both = ops.logical_and(ops.expand_dims(finished, 2), ops.expand_dims(finished, 1))
-    same = ops.logical_and(ops.equal(ops.expand_dims(states, 2), ops.expand_dims(states, 1)), both)
-    before = ops.arange(beam_size)[:, None] > ops.arange(beam_size)[None, :]  # [i, j]: j < i
-    return ops.reshape(ops.any(ops.logical_and(same, before[None]), axis=2), (-1,))

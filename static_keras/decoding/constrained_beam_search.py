@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
+import warnings
 
 import keras
 from keras import ops
 
 from static_keras.api_export import static_keras_export
+from static_keras.constraint.eligibility_request import Eligibility
 from static_keras.decoding.beam_search import beam_search
 from static_keras.index.automaton import TokenAutomaton
 from static_keras.layers.automaton_constraint import AutomatonConstraint
 from static_keras.layers.layer_classes import constraint_for
+from static_keras.layers.layer_classes import layer_classes
 
 #: What `call` returns, by the `outputs` argument.
 OUTPUTS = ("dict", "scores_and_item_ids", "item_ids")
@@ -59,12 +61,15 @@ class ConstrainedBeamSearch(keras.layers.Layer):
 
     Call arguments:
         context: tensor or nest of tensors with leading dimension B.
-        set_ids: optional int32 `[B]`, the eligibility set of each row
-            (-1: none); needs a constraint with eligibility sets.
-        excluded: optional int32 `[B, E]`, each row's excluded member
-            numbers padded with `num_members` (`exclusion_members`).
-        Without either the search is the plain one (see `beam_search`'s
-        `eligibility`).
+        eligibility: optional `static_keras.Eligibility`: `set_ids` int
+            `[B]`, the eligibility set of each row (-1: none; needs a
+            constraint with eligibility sets), and `excluded` int `[B, E]`,
+            each row's excluded member numbers padded with `num_members`
+            (`exclusion_members`); either may be None. Without it the search
+            is the plain one (see `beam_search`'s `eligibility`). The served
+            signature `serving_eligible` passes each request's here
+            (`static_keras.export.eligibility`). `set_ids=` and `excluded=`
+            (release 0.1) still work, with a DeprecationWarning.
 
     Returns:
         `outputs="dict"`: `tokens` int32 `[B, K, L]`, `scores` float32
@@ -153,32 +158,45 @@ class ConstrainedBeamSearch(keras.layers.Layer):
     def build(self, input_shape=None):
         self.built = True
 
-    @contextlib.contextmanager
-    def request_eligibility(self, set_ids, excluded):
-        """Within this block, a call given neither `set_ids` nor `excluded`
-        uses these; yields a list that such a call appends to.
+    def compute_output_spec(self, context, set_ids=None, excluded=None, *, eligibility=None):
+        """The outputs of a symbolic call, from the settings alone.
 
-        A functional model calls the search with its context only; the
-        eligible serving signature (`export_saved_model`) feeds each
-        request's set ids and excluded members through here while it traces
-        the same model, so the model needs no extra inputs. The list tells
-        the caller whether the model's call took them (a model that passes
-        its own `set_ids` does not).
+        They are fixed by the batch size, `num_results`, the constraint's
+        length and item-id dtype, so building a functional model (or the
+        served signature's copy of one) does not trace the whole search a
+        second time. Until the decoder and the constraint are built, the
+        search is traced as Keras does (that trace builds them).
         """
-        previous = getattr(self, "_request_eligibility", None)
-        used = []
-        # Untracked: symbolic tensors of one trace, not layer state.
-        object.__setattr__(self, "_request_eligibility", (set_ids, excluded, used))
-        try:
-            yield used
-        finally:
-            object.__setattr__(self, "_request_eligibility", previous)
+        parts = [self.decoder] + ([] if self.constraint is None else [self.constraint])
+        if not all(part.built for part in parts):
+            return super().compute_output_spec(context, set_ids, excluded, eligibility=eligibility)
+        batch = keras.tree.flatten(context)[0].shape[0]
+        results = self.num_results or self.beam_size
+        length = self.length if self.constraint is None else self.constraint.length
+        spec = {
+            "tokens": keras.KerasTensor((batch, results, length), dtype="int32"),
+            "scores": keras.KerasTensor((batch, results), dtype="float32"),
+        }
+        if self.constraint is not None and self.constraint.has_item_ids:
+            ids = self.constraint.index_weights[self.constraint.layout.member_ids_array]
+            spec["item_ids"] = keras.KerasTensor((batch, results), dtype=ids.dtype)
+        if self.outputs == "scores_and_item_ids":
+            return spec["scores"], spec["item_ids"]
+        if self.outputs == "item_ids":
+            return spec["item_ids"]
+        return spec
 
-    def call(self, context, set_ids=None, excluded=None):
-        request = getattr(self, "_request_eligibility", None)
-        if set_ids is None and excluded is None and request is not None:
-            set_ids, excluded, used = request
-            used.append(True)
+    def call(self, context, set_ids=None, excluded=None, *, eligibility=None):
+        if set_ids is not None or excluded is not None:
+            if eligibility is not None:
+                raise ValueError("Pass `eligibility` or `set_ids`/`excluded`, not both")
+            warnings.warn(
+                "ConstrainedBeamSearch(...)(context, set_ids=..., excluded=...) is deprecated: "
+                "pass eligibility=static_keras.Eligibility(set_ids=..., excluded=...)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            eligibility = Eligibility(set_ids, excluded)
         batch_size = ops.shape(keras.tree.flatten(context)[0])[0]
         # One row per input row: the first step has one live beam each, and
         # `beam_search` repeats the state by parent beam after it.
@@ -196,7 +214,7 @@ class ConstrainedBeamSearch(keras.layers.Layer):
             dense_top_k=self.dense_top_k,
             length=self.length,
             distinct_items=self.distinct_items,
-            eligibility=None if set_ids is None and excluded is None else (set_ids, excluded),
+            eligibility=eligibility,
         )
         if self.outputs == "scores_and_item_ids":
             return found["scores"], found["item_ids"]
@@ -227,10 +245,11 @@ class ConstrainedBeamSearch(keras.layers.Layer):
     @classmethod
     def from_config(cls, config):
         # Its parts may be layers of modules this process has not imported
-        # yet (a string constraint): `keras.saving.load_model` alone must work.
-        from static_keras.saving import register_layers
+        # yet (a string constraint, the reference decoder): `keras.saving.
+        # load_model` alone must work, so importing them registers them.
+        from static_keras.layers import cached_transformer_decoder  # noqa: F401
 
-        register_layers()
+        layer_classes()
         config = dict(config)
         config["decoder"] = keras.saving.deserialize_keras_object(config["decoder"])
         if config.get("constraint") is not None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from keras import ops
 
-from static_keras.layers.decoding_constraint import DecodingConstraint
-from static_keras.layers.decoding_constraint import StepProposal
+from static_keras.constraint.decoding_constraint import DecodingConstraint
+from static_keras.constraint.decoding_constraint import StepProposal
 
 
 class Unconstrained(DecodingConstraint):
@@ -15,17 +15,18 @@ class Unconstrained(DecodingConstraint):
     def __init__(self, length: int):
         self.length = length
 
-    def candidates(self, log_probs, states, step, top_k=None):
-        width = ops.shape(log_probs)[1] if top_k is None else min(top_k, ops.shape(log_probs)[1])
+    def candidates(self, log_probs, states, step, dense_top_k=None):
+        width = ops.shape(log_probs)[1]
+        width = width if dense_top_k is None else min(dense_top_k, width)
         scores, tokens = ops.top_k(log_probs, width)
         tokens = ops.cast(tokens, "int32")
         return scores, tokens, ops.zeros_like(tokens)
 
-    def propose(self, log_probs, states, step, top_k, *, eligibility=None,
+    def propose(self, log_probs, states, step, dense_top_k, *, eligibility=None,
                 need_next_states=False, rank_rows=False) -> StepProposal:  # fmt: skip
-        if top_k is None or rank_rows:  # the whole vocabulary: the column is the token
-            return StepProposal(log_probs, needs_cap=top_k is not None)
-        return StepProposal(*self.candidates(log_probs, states, step, top_k=top_k))
+        if dense_top_k is None or rank_rows:  # the whole vocabulary: the column is the token
+            return StepProposal(log_probs, needs_cap=dense_top_k is not None)
+        return StepProposal(*self.candidates(log_probs, states, step, dense_top_k))
 
     def advance(self, states, tokens, step):
         return ops.zeros_like(tokens)

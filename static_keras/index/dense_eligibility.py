@@ -6,7 +6,7 @@ A semantic-ID index's dense head has one state per code of the first
 it?". These builders answer it on the host from the set bits, once per
 refresh: `dense_boundary_table` (the first member of every code block),
 and `dense_eligibility_masks` (a bit per code, laid out as the index's
-`dense_masks`). The device side is `static_keras.layers.dense_step_eligibility`;
+`dense_masks`). The device side is `static_keras.constraint.dense_step_eligibility`;
 a refresh job builds the masks without Keras or TensorFlow.
 """
 

@@ -1,12 +1,12 @@
 """What a derived dense row reads of the index, computed on the host (NumPy only).
 
-`static_keras.layers.derived_dense_masks` derives a dense step's set rows at
+`static_keras.kernels.derived_dense_masks` derives a dense step's set rows at
 decode time from the set's member bits; the fields it gathers are fixed by
 the index, so they are computed here once per index: by the layer when it
 is built, and by a catalogue job (`update-catalogue`) that writes a new
 index's tensors without Keras or TensorFlow. The bit tricks' host halves
 (`host_compress_moves`, `segment_masks`) live here for the same reason; their
-device halves are in `static_keras.layers.bit_fields`.
+device halves are in `static_keras.kernels.bit_fields`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Refreshing one set from a new list of item ids is one vectorised pass (map
 ids to members, scatter, pack, popcount, cumulative sum), far cheaper than
 rebuilding the index; `replace` returns a new, read-only object, so a reader
 never sees a half-updated set. The device side is
-`static_keras.layers.eligibility_kernels` (it takes `device_arrays()`).
+`static_keras.kernels.eligibility_kernels` (it takes `device_arrays()`).
 
 NumPy only (no Keras, no TensorFlow).
 """
@@ -52,7 +52,7 @@ class EligibilitySets:
     set from a new id list and returns a new object (this one never
     changes, so a decoding thread holding it is never torn); the host
     queries (`rank`, `count`, `eligible_in_range`, `enterable`) are the
-    oracle of the device kernels in `static_keras.layers.eligibility_kernels`,
+    oracle of the device kernels in `static_keras.kernels.eligibility_kernels`,
     which read `device_arrays()`.
 
     Example:

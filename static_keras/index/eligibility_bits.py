@@ -13,7 +13,7 @@ fixed-width, branch-free reads for every position:
     count(lo, hi) = rank(hi) - rank(lo)
 
 These are the host functions (NumPy only, vectorised over positions and
-sets); `layers/eligibility_kernels.py` is the same arithmetic on the device.
+sets); `kernels/eligibility_kernels.py` is the same arithmetic on the device.
 """
 
 from __future__ import annotations

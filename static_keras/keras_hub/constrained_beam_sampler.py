@@ -7,8 +7,8 @@ import numpy as np
 from keras import ops
 from keras import tree
 
-from static_keras.constants import INVALID_STATE
-from static_keras.decoding import beam_steps
+from static_keras.constraint.eligibility_request import Eligibility
+from static_keras.decoding import finished_beams
 from static_keras.keras_hub.constrained_sampler import ConstraintOrIndex
 from static_keras.keras_hub.constrained_sampler import all_stopped
 from static_keras.keras_hub.constrained_sampler import as_constraint
@@ -163,14 +163,13 @@ class ConstrainedBeamSampler(keras_hub.samplers.Sampler):
                 cache = tree.map_structure(lambda x: ops.take(x, parent, axis=0), cache)
             parent_states = ops.take(states, parent)
             advanced = self.constraint.advance(parent_states, token, step=None)
-            states = ops.where(ops.take(forced, parent), parent_states, advanced)
+            states = finished_beams.held_states(ops.take(forced, parent), parent_states, advanced)
             if self.distinct_items:  # the same member as a better finished beam: dead
                 finished = self.constraint.is_finished(states)
-                repeat = beam_steps.repeated_finished(states, finished, beams)
+                repeat = finished_beams.repeated_finished(states, finished, beams)
                 log_probs = ops.where(repeat, -np.inf, log_probs)
-            dead = ops.equal(log_probs, -np.inf)
-            states = ops.where(dead, INVALID_STATE, states)
-            token = ops.where(dead, end_token, token)
+            live = ops.logical_not(ops.equal(log_probs, -np.inf))
+            token, states = finished_beams.bury_dead(live, token, states, end_token)
             token = ops.where(in_prompt, prompt_token, token)  # mask is the same for all beams
             prompt = ops.slice_update(prompt, [0, index], ops.cast(token, prompt.dtype)[:, None])
             return prompt, cache, index + 1, mask, log_probs, states
@@ -217,19 +216,16 @@ class ConstrainedBeamSampler(keras_hub.samplers.Sampler):
         """`(scores [R, V], forced [R])`: what each beam adds per next token.
 
         A forced beam (in its prompt, or holding a complete member) has one
-        candidate, its prompt or end token, at 0; the others have the
-        log-softmax of the allowed tokens, `-inf` elsewhere.
+        candidate, its prompt or end token, at 0 (`finished_beams`); the
+        others have the log-softmax of the allowed tokens, `-inf` elsewhere.
         """
         logits = ops.cast(logits, "float32")
-        vocab_size = ops.shape(logits)[-1]
         allowed = self.constraint.allowed_mask(states, step=None, eligibility=self._rows(states))
         scores = ops.where(allowed, ops.log_softmax(logits, axis=-1), -np.inf)
         finished = self.constraint.is_finished(states)
         forced = ops.logical_or(in_prompt, finished)
         forced_token = ops.where(in_prompt, prompt_token, end_token)
-        only = ops.equal(ops.arange(vocab_size, dtype="int32")[None, :], forced_token[:, None])
-        forced_scores = ops.where(only, 0.0, -np.inf)
-        return ops.where(forced[:, None], forced_scores, scores), forced
+        return finished_beams.only_candidate(scores, forced, forced_token), forced
 
     def _rows(self, states):
         """The request's eligibility for every row of `states`, or None."""
@@ -239,7 +235,7 @@ class ConstrainedBeamSampler(keras_hub.samplers.Sampler):
         rows = ops.shape(states)[0]
         set_ids = ops.full((rows,), set_id, dtype="int32")
         excluded = ops.broadcast_to(ops.convert_to_tensor(members), (rows, members.shape[1]))
-        return set_ids, excluded
+        return Eligibility(set_ids, excluded)
 
     def get_config(self) -> dict:
         """The sampler's settings; the constraint (the index weights) is not

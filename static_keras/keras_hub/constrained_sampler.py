@@ -6,6 +6,7 @@ import keras_hub
 from keras import ops
 from keras import random
 
+from static_keras.decoding import finished_beams
 from static_keras.index.automaton import TokenAutomaton
 from static_keras.layers import AutomatonConstraint
 from static_keras.layers import constraint_for
@@ -153,13 +154,15 @@ class ConstrainedSampler(keras_hub.samplers.Sampler):
         return prompt
 
     def _constrained_token(self, logits, states, end_token: int):
-        """`(token, next_state)` of each generating row, both int32 `[B]`."""
+        """`(token, next_state)` of each generating row, both int32 `[B]`: a
+        row holding a complete member writes `end_token` and keeps its state
+        (`finished_beams`)."""
         finished = self.constraint.is_finished(states)
         masked = self.constraint.mask_logits(logits, states, step=None)
         token = ops.cast(self.get_next_token(self.compute_probabilities(masked)), "int32")
-        token = ops.where(finished, end_token, token)
+        token = finished_beams.finished_tokens(finished, end_token, token)
         advanced = self.constraint.advance(states, token, step=None)
-        return token, ops.where(finished, states, advanced)
+        return token, finished_beams.held_states(finished, states, advanced)
 
     def get_next_token(self, probabilities):
         """The argmax (`k=1`) or a top-k sample of each row of `probabilities`.

@@ -10,7 +10,7 @@ _LAZY = {
     "CachedTransformerDecoder": "static_keras.layers.cached_transformer_decoder",
     "TeacherForcing": "static_keras.layers.cached_transformer_decoder",
     "ConstrainedDecoding": "static_keras.layers.constrained_decoding",
-    "DecodingConstraint": "static_keras.layers.decoding_constraint",
+    "DecodingConstraint": "static_keras.constraint.decoding_constraint",
     "constraint_for": "static_keras.layers.layer_classes",
 }
 __getattr__, __dir__ = lazy_names(__name__, _LAZY)

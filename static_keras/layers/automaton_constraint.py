@@ -2,12 +2,12 @@
 
 The Keras side of the `TokenAutomaton` contract. The base owns everything
 the two kinds share: the index as non-trainable weights
-(`layers/index_weights.py`), `set_index`, `get_config`, the candidates and
+(`constraint/index_weights.py`), `set_index`, `get_config`, the candidates and
 mask modes, `advance`, `is_finished`, `item_ids`, the eligibility sets
 (`EligibilityFilter`) and the export metadata. A kind supplies its parts
 (`ConstraintParts`: transitions, optionally a dense head and its
 eligibility, member ranges) from `_make_parts`; which part answers a step
-is `AutomatonStep`'s choice (`layers/automaton_step.py`), and the public
+is `AutomatonStep`'s choice (`constraint/automaton_step.py`), and the public
 step methods here forward to it.
 
 Steps. A Python int `step` is the fast path: every step has its own static
@@ -25,18 +25,20 @@ import numpy as np
 from keras import ops
 
 from static_keras.constants import MASKED_LOGIT
+from static_keras.constraint import index_weights
+from static_keras.constraint.automaton_step import AutomatonStep
+from static_keras.constraint.constraint_parts import ConstraintParts
+from static_keras.constraint.decoding_constraint import NOT_GIVEN
+from static_keras.constraint.decoding_constraint import DecodingConstraint
+from static_keras.constraint.decoding_constraint import StepProposal
+from static_keras.constraint.decoding_constraint import dense_top_k_argument
+from static_keras.constraint.eligibility_filter import EligibilityFilter
+from static_keras.constraint.sparse_step import SparseStep
 from static_keras.index import archive
 from static_keras.index.automaton import TokenAutomaton
 from static_keras.index.eligibility import EligibilitySets
-from static_keras.layers import gather
-from static_keras.layers import index_weights
-from static_keras.layers.automaton_step import AutomatonStep
-from static_keras.layers.constraint_parts import ConstraintParts
-from static_keras.layers.decoding_constraint import DecodingConstraint
-from static_keras.layers.decoding_constraint import StepProposal
-from static_keras.layers.eligibility_filter import EligibilityFilter
+from static_keras.kernels import gather
 from static_keras.layers.eligibility_methods import EligibilityMethods
-from static_keras.layers.sparse_step import SparseStep
 
 __all__ = ["AutomatonConstraint"]
 
@@ -65,8 +67,8 @@ class AutomatonConstraint(keras.layers.Layer, EligibilityMethods, DecodingConstr
     #: The host class whose arrays this layer holds, and its layout class.
     index_class: type = TokenAutomaton
     layout_class: type = type(None)
-    #: Whether `top_k` caps steps outside a dense head (string sets: every
-    #: step's rows come from the vocabulary).
+    #: Whether `dense_top_k` caps steps outside a dense head (string sets:
+    #: every step's rows come from the vocabulary).
     caps_sparse_steps: bool = True
 
     def __init__(
@@ -202,53 +204,65 @@ class AutomatonConstraint(keras.layers.Layer, EligibilityMethods, DecodingConstr
 
     # Decoding ----------------------------------------------------------------
 
-    def call(self, logits, states, step=None, mode: str = "candidates", top_k=None,
-             eligibility=None):  # fmt: skip
+    def call(self, logits, states, step=None, mode: str = "candidates", dense_top_k=None,
+             eligibility=None, *, top_k=NOT_GIVEN):  # fmt: skip
+        dense_top_k = dense_top_k_argument(dense_top_k, top_k, "layer")
         if mode == "candidates":
-            return self.candidates(logits, states, step, top_k=top_k, eligibility=eligibility)
+            return self.candidates(logits, states, step, dense_top_k, eligibility=eligibility)
         if mode == "mask":
             return self.mask_logits(logits, states, step, eligibility=eligibility)
         raise ValueError(f"`mode` must be 'candidates' or 'mask'. Received: mode={mode!r}")
 
-    def num_candidates(self, step=None, top_k: int | None = None) -> int:
+    def num_candidates(self, step=None, dense_top_k: int | None = None, *,
+                       top_k=NOT_GIVEN) -> int:  # fmt: skip
         """K_t: candidates per row returned at `step` (the widest for a tensor
-        step or None)."""
-        return self.automaton_step.num_candidates(step, top_k)
+        step or None) for `dense_top_k` tokens per beam (`top_k`: its
+        deprecated name)."""
+        dense_top_k = dense_top_k_argument(dense_top_k, top_k, "num_candidates")
+        return self.automaton_step.num_candidates(step, dense_top_k)
 
-    def candidates(self, logits, states, step=None, top_k: int | None = None, eligibility=None):
+    def candidates(self, logits, states, step=None, dense_top_k: int | None = None,
+                   eligibility=None, *, top_k=NOT_GIVEN):  # fmt: skip
         """`(scores, tokens, next_states)`, each `[R, K_t]`; see the class doc.
+
+        `dense_top_k`: int or None, tokens kept per row where it caps the
+        step (`top_k`: its deprecated name); None keeps every allowed token.
 
         `eligibility`: None, or `(set_ids int32 [R], excluded int32 [R, E])`
         (either may be None): a candidate is kept only if a member of set
         `set_ids[r]` (-1: any member) that is not in `excluded[r]` (member
         numbers padded with `num_members`, `MemberCatalogue.exclusion_members`)
-        lies below its next state. Filtered before `top_k`, so the kept
+        lies below its next state. Filtered before `dense_top_k`, so the kept
         candidates are the best eligible ones. Needs eligibility sets.
         """
-        return self.automaton_step.candidates(logits, states, step, top_k, eligibility)
+        dense_top_k = dense_top_k_argument(dense_top_k, top_k, "candidates")
+        return self.automaton_step.candidates(logits, states, step, dense_top_k, eligibility)
 
-    def propose(self, log_probs, states, step, top_k, *, eligibility=None,
-                need_next_states=False, rank_rows=False) -> StepProposal:  # fmt: skip
+    def propose(self, log_probs, states, step, dense_top_k=None, *, eligibility=None,
+                need_next_states=False, rank_rows=False,
+                top_k=NOT_GIVEN) -> StepProposal:  # fmt: skip
         """`DecodingConstraint.propose`: at a dense-head int step, the whole
         masked vocabulary (where the search ranks whole rows) or candidates
         without next states; elsewhere `candidates`."""
+        dense_top_k = dense_top_k_argument(dense_top_k, top_k, "propose")
         return self.automaton_step.propose(
             log_probs,
             states,
             step,
-            top_k,
+            dense_top_k,
             eligibility=eligibility,
             need_next_states=need_next_states,
             rank_rows=rank_rows,
         )
 
-    def candidate_tokens(self, logits, states, step=None, top_k: int | None = None,
-                         eligibility=None):  # fmt: skip
+    def candidate_tokens(self, logits, states, step=None, dense_top_k: int | None = None,
+                         eligibility=None, *, top_k=NOT_GIVEN):  # fmt: skip
         """`(scores, tokens)` of `candidates` at a dense-head int step, whose
         next states are reads of the dense state map (one per candidate:
-        `advance` the survivors instead); None elsewhere. `eligibility`: as
-        in `candidates`."""
-        return self.automaton_step.candidate_tokens(logits, states, step, top_k, eligibility)
+        `advance` the survivors instead); None elsewhere. `dense_top_k`,
+        `eligibility` (and the deprecated `top_k`): as in `candidates`."""
+        dense_top_k = dense_top_k_argument(dense_top_k, top_k, "candidate_tokens")
+        return self.automaton_step.candidate_tokens(logits, states, step, dense_top_k, eligibility)
 
     def vocabulary_scores(self, log_probs, states, step, eligibility=None):
         """`[R, V]` scores, `-inf` where disallowed, at a dense-head int step;

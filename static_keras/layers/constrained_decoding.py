@@ -6,17 +6,17 @@ from static_keras.api_export import static_keras_export
 from static_keras.constants import INVALID_STATE
 from static_keras.constants import MASKED_LOGIT
 from static_keras.constants import PAD_TOKEN
+from static_keras.constraint import weight_upgrades
+from static_keras.constraint.constraint_parts import ConstraintParts
+from static_keras.constraint.dense_head import DenseHead
+from static_keras.constraint.dense_step_eligibility import DenseStepEligibility
+from static_keras.constraint.tree_member_ranges import HostBoundaries
+from static_keras.constraint.tree_member_ranges import TreeMemberRanges
+from static_keras.constraint.tree_member_ranges import resolve_windows
+from static_keras.constraint.tree_transitions import TreeTransitions
 from static_keras.index.layout import IndexLayout
 from static_keras.index.static_index import StaticIndex
-from static_keras.layers import weight_upgrades
 from static_keras.layers.automaton_constraint import AutomatonConstraint
-from static_keras.layers.constraint_parts import ConstraintParts
-from static_keras.layers.dense_head import DenseHead
-from static_keras.layers.dense_step_eligibility import DenseStepEligibility
-from static_keras.layers.tree_member_ranges import HostBoundaries
-from static_keras.layers.tree_member_ranges import TreeMemberRanges
-from static_keras.layers.tree_member_ranges import resolve_windows
-from static_keras.layers.tree_transitions import TreeTransitions
 
 __all__ = ["INVALID_STATE", "MASKED_LOGIT", "PAD_TOKEN", "ConstrainedDecoding"]
 
@@ -36,8 +36,8 @@ class ConstrainedDecoding(AutomatonConstraint):
       vectorised node transition kernel gathers `B_t` slots from each row's
       CSR start and masks the slots past its end. In the dense head (the first
       `dense_levels` steps) the bit-packed mask row is unpacked and the
-      `K_t = min(top_k, B_t)` best valid tokens are kept (`top_k` defaults to
-      `B_t`: all of them).
+      `K_t = min(dense_top_k, B_t)` best valid tokens are kept (`dense_top_k`
+      defaults to `B_t`: all of them).
     - masked logits (`mode="mask"`): `[R, V]`, invalid tokens set to
       `MASKED_LOGIT`; advance the states with `advance(states, tokens, step)`.
 
@@ -83,7 +83,9 @@ class ConstrainedDecoding(AutomatonConstraint):
             sampler whose rows are at different steps: the widest step's
             shapes, each row's depth read from its state; same results).
         mode: `"candidates"` or `"mask"`. Defaults to `"candidates"`.
-        top_k: int or None. Candidates kept per row at a dense step.
+        dense_top_k: int or None. Candidates kept per row at a dense step
+            (tokens per beam: `beam_search`'s `dense_top_k`). `top_k` is its
+            deprecated name.
 
     Returns:
         `"candidates"`: tuple `(scores float32, tokens int32, next_states
@@ -109,7 +111,7 @@ class ConstrainedDecoding(AutomatonConstraint):
 
     index_class = StaticIndex
     layout_class = IndexLayout
-    # Tokens per beam (`top_k`) cap the dense steps, whose width is the
+    # Tokens per beam (`dense_top_k`) cap the dense steps, whose width is the
     # vocabulary; a CSR step returns its B_t slots, as in the reference.
     caps_sparse_steps = False
 

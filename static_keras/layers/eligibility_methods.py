@@ -13,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
+from static_keras.constraint import eligibility_request
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.member_catalogue import MemberCatalogue
 from static_keras.index.member_catalogue import catalogue_fingerprint
-from static_keras.layers import eligibility_request
 
 
 class EligibilityMethods:
@@ -100,18 +100,14 @@ class EligibilityMethods:
         return self.member_range_part.ranges(ops.cast(states, "int32"), depth)
 
     def check_eligibility(self, eligibility, rows=None) -> eligibility_request.RequestEligibility:
-        """`(set_ids, excluded)` checked against this layer's sets and `rows`
+        """An `Eligibility` checked against this layer's sets and `rows`
         (the rows they must have, where known; a ValueError or TypeError
         names the problem) and set out for the steps of a decode
-        (`eligibility_request.RequestEligibility`, returned as is if given)."""
-        return self.eligibility_filter.check(
-            eligibility, self.layout.num_members, self._dense_exclusions, rows
-        )
-
-    def _dense_exclusions(self, set_ids, members, before):
-        # What the dense steps read of a request's exclusions, once per decode.
-        part = self.dense_eligibility
-        return None if part is None else part.exclusions(set_ids, members, before)
+        (`eligibility_request.RequestEligibility`, or the subclass its
+        dense steps read; returned as is if given)."""
+        part = self.dense_eligibility  # the semantic-ID dense head's, or None
+        extend = None if part is None else part.extend
+        return self.eligibility_filter.check(eligibility, self.layout.num_members, extend, rows)
 
     def _sparse_keep(self, eligibility, edges, step):
         """bool `[R, B]`: whether each edge slot's target keeps an eligible,

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import importlib
-
 from static_keras.index.automaton import TokenAutomaton
 from static_keras.layers.automaton_constraint import AutomatonConstraint
 
-#: automaton kind -> "module:Class" of its constraint layer.
-LAYER_CLASSES = {
-    "semantic_ids": "static_keras.layers.constrained_decoding:ConstrainedDecoding",
-    "strings": "static_keras.strings.string_constrained_decoding:StringConstrainedDecoding",
-}
+
+def layer_classes() -> dict[str, type]:
+    """automaton kind -> its constraint layer class. Importing a kind's layer
+    module registers it with Keras; the string kind's is imported only here
+    (a model of semantic IDs never loads it)."""
+    from static_keras.layers.constrained_decoding import ConstrainedDecoding
+    from static_keras.strings.string_constrained_decoding import StringConstrainedDecoding
+
+    return {"semantic_ids": ConstrainedDecoding, "strings": StringConstrainedDecoding}
 
 
 def constraint_for(index, name: str | None = None) -> AutomatonConstraint:
@@ -31,5 +33,4 @@ def constraint_for(index, name: str | None = None) -> AutomatonConstraint:
             "`index` must be a TokenAutomaton (StaticIndex, StringIndex) or an "
             f"AutomatonConstraint layer. Received: {type(index).__name__}"
         )
-    module, cls = LAYER_CLASSES[index.kind].split(":")
-    return getattr(importlib.import_module(module), cls)(index, name=name)
+    return layer_classes()[index.kind](index, name=name)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from static_keras.api_export import static_keras_export
+from static_keras.constraint.constraint_parts import ConstraintParts
 from static_keras.layers.automaton_constraint import AutomatonConstraint
-from static_keras.layers.constraint_parts import ConstraintParts
 from static_keras.strings.layout import StringIndexLayout
 from static_keras.strings.string_index import StringIndex
 from static_keras.strings.string_member_ranges import StringMemberRanges
@@ -23,7 +23,8 @@ class StringConstrainedDecoding(AutomatonConstraint):
     row's end, and returns
 
     - candidates (`mode="candidates"`): `scores, tokens, next_states`, each
-      `[R, K_t]` with `K_t = min(top_k, B_t)` (`top_k` defaults to `B_t`);
+      `[R, K_t]` with `K_t = min(dense_top_k, B_t)` (`dense_top_k` defaults
+      to `B_t`);
     - masked logits (`mode="mask"`): `[R, V]`, disallowed tokens set to the
       finite `MASKED_LOGIT`; advance the states with `advance`.
 
@@ -60,7 +61,8 @@ class StringConstrainedDecoding(AutomatonConstraint):
         step: Python int in `[0, length)` (static per-step widths), or a
             scalar int tensor or None (the widest step; same results).
         mode: `"candidates"` or `"mask"`. Defaults to `"candidates"`.
-        top_k: int or None. Candidates kept per row.
+        dense_top_k: int or None. Candidates kept per row (tokens per beam:
+            `beam_search`'s `dense_top_k`). `top_k` is its deprecated name.
 
     Returns:
         `"candidates"`: `(scores float32, tokens int32, next_states int32)`,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from static_keras.layers import member_ranges
+from static_keras.kernels import member_ranges
 
 
 class StringMemberRanges:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from keras import ops
 
 from static_keras.constants import INVALID_STATE
-from static_keras.layers import gather
+from static_keras.kernels import gather
 
 
 class StringTransitions:
