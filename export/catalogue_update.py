@@ -66,6 +66,7 @@ from static_keras.index.headroom import CapacityError
 from static_keras.index.layout import IndexLayout
 from static_keras.index.member_catalogue import MemberCatalogue
 from static_keras.index.static_index import StaticIndex
+from static_keras.progress import stage
 
 #: The metadata entry `export_saved_model` writes for an index with headroom.
 UPDATE_ENTRY = "catalogue_update"
@@ -191,12 +192,14 @@ def update_catalogue(
     state = {"source": source_version}
     # The new tensors are computed before anything is staged: a bad delta
     # or one beyond the capacities writes nothing.
-    state["tensors"] = _new_tensors(os.path.join(base, str(source_version)), delta, add_to_sets)
+    with stage(f"merging the delta into the index of version {source_version}"):
+        state["tensors"] = _new_tensors(os.path.join(base, str(source_version)), delta, add_to_sets)
 
     def write(staging):
         source = os.path.join(base, str(state["source"]))
         with removed_source_is_a_conflict(source, state["source"]):
-            _stage(source, staging, state["tensors"], state["source"], check)
+            with stage("writing and verifying the new index tensors"):
+                _stage(source, staging, state["tensors"], state["source"], check)
 
     def rebase(staging, head):
         shutil.rmtree(staging, ignore_errors=True)

@@ -45,6 +45,7 @@ from static_keras.index import dense_eligibility
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.member_catalogue import MemberCatalogue
 from static_keras.index.member_catalogue import catalogue_fingerprint
+from static_keras.progress import stage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,15 +160,17 @@ def refresh_eligibility(
         base, source_version, version, keep, "refresh its sets"
     )
 
-    current = read_eligibility(os.path.join(base, str(source_version)))
-    sets = _new_sets(current, eligibility_sets)
+    with stage(f"reading the sets of version {source_version}"):
+        current = read_eligibility(os.path.join(base, str(source_version)))
+        sets = _new_sets(current, eligibility_sets)
     state = {"source": source_version, "sets": sets}
 
     def write(staging):
         source = os.path.join(base, str(state["source"]))
         note = {"source_version": state["source"]}
         with removed_source_is_a_conflict(source, state["source"]):
-            write_with_sets(source, staging, state["sets"], note, check=check)
+            with stage("writing and verifying the new sets"):
+                write_with_sets(source, staging, state["sets"], note, check=check)
 
     def rebase(staging, head):
         shutil.rmtree(staging, ignore_errors=True)

@@ -20,6 +20,7 @@ from static_keras.export.leftovers import temporary_prefix
 from static_keras.export.metadata import METADATA_FILENAME
 from static_keras.export.metadata import catalogue_update_metadata
 from static_keras.export.metadata import model_metadata
+from static_keras.progress import stage
 from static_keras.serving.warmup import WARMUP_FILENAME
 from static_keras.serving.warmup import write_warmup_requests
 from static_keras.tensorflow_log_lines import notes_hidden
@@ -181,7 +182,8 @@ def export_saved_model(
     # the export's time).
     signatures, written = {}, []
     for declared in served.SIGNATURES:
-        function = _serving_function(model, module, declared, specs, ranges, xla)
+        with stage(f"tracing {declared.name}"):
+            function = _serving_function(model, module, declared, specs, ranges, xla)
         if function is not None:
             signatures[declared.name] = function
             written.append(declared)
@@ -195,7 +197,8 @@ def export_saved_model(
         for s in specs
     }
     warmup = {declared.name: declared.warmup_inputs(examples) for declared in written}
-    _save(module, signatures, path, metadata, warmup, model_name, warmup_batch_sizes)
+    with stage("saving the SavedModel and its warmup records"):
+        _save(module, signatures, path, metadata, warmup, model_name, warmup_batch_sizes)
 
     variables = list(module.model_variables.values())
     return ExportInfo(

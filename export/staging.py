@@ -46,6 +46,7 @@ from static_keras.export.version_checks import write_record
 from static_keras.export.version_lock import PublishConflict
 from static_keras.export.version_lock import check_base_path
 from static_keras.export.version_lock import version_lock
+from static_keras.progress import stage
 from static_keras.serving.saved_model_check import check_saved_model
 from static_keras.serving.versions import list_versions
 
@@ -211,27 +212,29 @@ def publish_staged(
     try:
         written = write(staging)
         if check and not verified:
-            check_saved_model(staging, xla_enabled=xla)
-            error = version_checks.load_error(staging, (read_version or 0) + 1, xla)
+            with stage("checking that the new version loads and warms up as a server would"):
+                check_saved_model(staging, xla_enabled=xla)
+                error = version_checks.load_error(staging, (read_version or 0) + 1, xla)
             if error:
                 raise ValueError(f"{what} fails to load or warm up as a server would: {error}")
-        while True:
-            _fsync_tree(staging)
-            with version_lock(base):
-                head = _newest(base)
-                if _moved(head, read_version) and len(rebased_onto) >= OPTIMISTIC_REBASES:
-                    # Overtaken again: this rebase holds the lock, so the job ends
-                    # however often short jobs publish (seconds, once per job).
-                    staging, read_version = _rebased(rebase, staging, head, rebased_onto)
-                    _fsync_tree(staging)
-                if not _moved(head, read_version):
-                    number, entry, target = _rename(
-                        base, staging, version, keep, check or verified, xla
-                    )
-                    if entry is not None:
-                        record[number] = entry
-                    break
-            staging, read_version = _rebased(rebase, staging, head, rebased_onto)
+        with stage("publishing: the next version number and the rename, under the lock"):
+            while True:
+                _fsync_tree(staging)
+                with version_lock(base):
+                    head = _newest(base)
+                    if _moved(head, read_version) and len(rebased_onto) >= OPTIMISTIC_REBASES:
+                        # Overtaken again: this rebase holds the lock, so the job ends
+                        # however often short jobs publish (seconds, once per job).
+                        staging, read_version = _rebased(rebase, staging, head, rebased_onto)
+                        _fsync_tree(staging)
+                    if not _moved(head, read_version):
+                        number, entry, target = _rename(
+                            base, staging, version, keep, check or verified, xla
+                        )
+                        if entry is not None:
+                            record[number] = entry
+                        break
+                staging, read_version = _rebased(rebase, staging, head, rebased_onto)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -11,6 +11,7 @@ TensorFlow nor Keras, and a bad or oversized delta writes nothing.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -324,3 +325,47 @@ def test_bad_delta_files_are_one_line(catalogue_model, tmp_path, capsys):
         assert cli.main([*command, *extra]) == 2
         assert message in capsys.readouterr().err
     assert list_versions(base) == [1]
+
+
+def test_the_jobs_print_their_stages_with_progress_and_nothing_without(
+    catalogue_model, tmp_path, capsys
+):
+    """`--progress` (or a terminal): one line as each stage starts and one
+    with its seconds as it ends, in order, on stderr; without it (a script's
+    stderr) and from Python, nothing."""
+    from static_keras import cli
+
+    _, ids, _, _, model = catalogue_model
+    base = tmp_path / "recs"
+    publish(model, base, warmup_batch_sizes=(1,))
+    capsys.readouterr()
+    np.save(tmp_path / "removed.npy", ids[:2])
+    np.save(tmp_path / "in_stock.npy", ids[2:40])
+    update = ["update-catalogue", "--model-base-path", str(base), "--remove"]
+    assert cli.main([*update, str(tmp_path / "removed.npy")]) == 0
+    quiet = capsys.readouterr()
+    assert "published version 2" in quiet.out and quiet.err == ""
+
+    np.save(tmp_path / "removed.npy", ids[2:3])
+    assert cli.main([*update, str(tmp_path / "removed.npy"), "--progress"]) == 0
+    staged = capsys.readouterr()
+    stages = [
+        "merging the delta into the index of version 2",
+        "writing and verifying the new index tensors",
+        "publishing: the next version number and the rename, under the lock",
+    ]
+    lines = staged.err.splitlines()
+    expected = [line for s in stages for line in (f"{s} ...", f"{s}: done in")]
+    assert len(lines) == len(expected), staged.err
+    for line, want in zip(lines, expected):
+        assert re.fullmatch(r"\[ *\d+\.\d s\] " + re.escape(want) + r"( \d+\.\d s)?", line), line
+    assert "published version 3" in staged.out
+
+    refresh = ["refresh-eligibility", "--model-base-path", str(base), "--progress"]
+    assert cli.main([*refresh, "--set", f"fr={tmp_path / 'in_stock.npy'}"]) == 0
+    err = capsys.readouterr().err
+    assert "reading the sets of version 3 ..." in err
+    assert "writing and verifying the new sets: done in" in err
+    # Python: no lines unless the caller's logging asks for INFO.
+    update_catalogue(base, remove_item_ids=ids[3:4])
+    assert capsys.readouterr().err == ""

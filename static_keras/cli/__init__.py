@@ -12,9 +12,11 @@ errors served by a model lose TensorFlow's wrapping (graph node, op name).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
+from static_keras import progress
 from static_keras.cli.bench_command import split_bench_arguments
 from static_keras.cli.index_commands import check_is_archive
 from static_keras.cli.model_commands import check_is_model
@@ -30,6 +32,9 @@ __all__ = ["UserError", "build_parser", "main"]
 # (refresh-eligibility is not one: a rules job runs NumPy only, and loads
 # TensorFlow only where a version on disk has never been checked.)
 _TENSORFLOW_COMMANDS = ("demo", "export", "publish", "serve-dev", "bench")
+# Commands that print their stages (`static_keras.progress`) with --progress
+# or on a terminal.
+_STAGED_COMMANDS = ("export", "publish", "refresh-eligibility", "update-catalogue")
 
 
 def main(argv=None) -> int:
@@ -41,7 +46,9 @@ def main(argv=None) -> int:
         _check_input_files(args)
         if not args.verbose:
             quiet_tensorflow(import_now=args.command in _TENSORFLOW_COMMANDS)
-        args.run(args)
+        staged = args.command in _STAGED_COMMANDS and (args.progress or sys.stderr.isatty())
+        with progress.printed() if staged else contextlib.nullcontext():
+            args.run(args)
     except Exception as error:
         from static_keras.serving.client import ServingError
 

@@ -9,6 +9,7 @@ import os
 from static_keras.cli.index_commands import load_array
 from static_keras.cli.index_commands import load_index
 from static_keras.cli.output import UserError
+from static_keras.progress import stage
 
 
 def command_demo(args) -> None:
@@ -71,8 +72,12 @@ def _model_with_index(args, model_base_path=None):
     from static_keras.export.model_layers import beam_searches
 
     # The index first: a wrong --index fails in a moment, not after the model loads.
-    index = load_index(args.index) if args.index else None
-    model = _load_model(args.model)
+    index = None
+    if args.index:
+        with stage(f"loading {args.index}"):
+            index = load_index(args.index)
+    with stage(f"loading {args.model}"):
+        model = _load_model(args.model)
     searches = beam_searches(model)
     constraint = searches[0].constraint if len(searches) == 1 else None
     sets, source, based_on = None, "the model", None
@@ -89,7 +94,8 @@ def _model_with_index(args, model_base_path=None):
         target = index if index is not None else constraint.catalogue()
         carried = None if sets is None else sets.carried_over(target)
         if index is not None:
-            model = replace_index(model, index, eligibility=carried)
+            with stage("the model over the new index (replace_index)"):
+                model = replace_index(model, index, eligibility=carried)
         else:
             constraint.set_eligibility(carried)
     except ValueError as error:

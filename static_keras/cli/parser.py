@@ -124,6 +124,12 @@ MODEL_FILE_ARGUMENTS = (
 # The commands that publish a version under a base path.
 MODEL_BASE_PATH = Argument("--model-base-path", required=True, help="directory TF Serving polls")
 NEW_VERSION = Argument("--version", type=int, help="version number (default: newest + 1)")
+# The long jobs: their stage lines (static_keras.progress).
+STAGE_LINES = Argument(
+    "--progress",
+    action="store_true",
+    help="print each stage with its time on stderr (the default when stderr is a terminal)",
+)
 KEEP_GOOD_VERSIONS = Argument(
     "--keep", type=int, default=3, help="good versions to keep (default 3)"
 )
@@ -342,6 +348,7 @@ COMMANDS = (
         arguments=(
             *MODEL_FILE_ARGUMENTS,
             Argument("--out", required=True, help="directory to create"),
+            STAGE_LINES,
         ),
     ),
     Command(
@@ -373,6 +380,7 @@ COMMANDS = (
                 help="versions that load and warm up to keep; rejected ones never count "
                 "(default 3)",
             ),
+            STAGE_LINES,
         ),
     ),
     Command(
@@ -406,6 +414,7 @@ COMMANDS = (
             Argument("--source-version", type=int, help="version to copy (default: newest)"),
             NEW_VERSION,
             KEEP_GOOD_VERSIONS,
+            STAGE_LINES,
         ),
     ),
     Command(
@@ -456,6 +465,7 @@ COMMANDS = (
             Argument("--source-version", type=int, help="version to change (default: newest)"),
             NEW_VERSION,
             KEEP_GOOD_VERSIONS,
+            STAGE_LINES,
         ),
     ),
     # -- serving --------------------------------------------------------------------
