@@ -22,8 +22,10 @@ def static_step(step, length: int) -> int | None:
         if not 0 <= step < length:
             raise ValueError(f"`step` must lie in [0, {length}). Received: step={step}")
         return int(step)
+    if not hasattr(step, "shape"):  # a float, a list: what a tensor would be made of
+        step = np.asarray(step)
     shape = tuple(ops.shape(step))
-    dtype = keras.backend.standardize_dtype(getattr(step, "dtype", "float32"))
+    dtype = keras.backend.standardize_dtype(step.dtype)
     if shape != () or "int" not in dtype:
         raise ValueError(
             "`step` must be an int, a scalar int tensor or None. "
