@@ -55,3 +55,18 @@ def test_function_level_and_importlib_imports_count(tmp_path, monkeypatch):
     assert edges["static_keras.pkg.late"] == {"static_keras.pkg.lazy"}
     assert edges["static_keras.pkg.named"] == {"static_keras.pkg.late"}
     assert edges["static_keras.pkg"] == {"static_keras.pkg.lazy"}
+
+
+def test_the_core_never_imports_export_serving_or_the_cli():
+    """DESIGN.md's dependency direction: index building, kernels, the layer
+    and its parts, the searches and the string kind sit below export,
+    serving and the CLI."""
+    core = ("index", "kernels", "constraint", "layers", "decoding", "strings", "keras_hub")
+    above = {"static_keras.export", "static_keras.serving", "static_keras.cli"}
+    counts = _tool().package_edges(_tool().graph())
+    wrong = {
+        (source, target): count
+        for (source, target), count in counts.items()
+        if source in {f"static_keras.{name}" for name in core} and target in above
+    }
+    assert wrong == {}
