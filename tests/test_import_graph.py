@@ -8,6 +8,8 @@ cycle cannot hide behind a late import.
 import importlib.util
 import os
 
+import pytest
+
 _TOOL = os.path.join(os.path.dirname(__file__), os.pardir, "tools", "import_graph.py")
 
 
@@ -70,3 +72,16 @@ def test_the_core_never_imports_export_serving_or_the_cli():
         if source in {f"static_keras.{name}" for name in core} and target in above
     }
     assert wrong == {}
+
+
+def test_every_package_folder_installs():
+    """A wheel holds only the packages pyproject.toml lists: a new folder
+    (kernels/backends/ was one) must be listed, or installs without it."""
+    tomllib = pytest.importorskip("tomllib")
+    tool = _tool()
+    with open(os.path.join(os.path.dirname(_TOOL), os.pardir, "pyproject.toml"), "rb") as file:
+        listed = set(tomllib.load(file)["tool"]["setuptools"]["packages"])
+    folders = {
+        name for name, path in tool.modules().items() if os.path.basename(path) == "__init__.py"
+    }
+    assert folders == listed
