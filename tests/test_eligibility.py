@@ -488,3 +488,40 @@ def test_kernels_match_numpy_in_a_tf_graph_with_xla():
 def test_kernels_match_numpy_on_other_backends(backend):
     pytest.importorskip(backend, reason=f"{backend} is an optional backend")
     run_under(backend, _KERNEL_CHECKS, f"kernels ok {backend}")
+
+
+@pytest.mark.parametrize("size", [0, 1, 5, 1000, (1 << 20) + 7])
+@pytest.mark.parametrize("kind", ["identity", "sparse", "headroom", "repeats", "shifted"])
+def test_a_served_table_is_the_catalogue_it_was_made_from(kind, size, monkeypatch):
+    """`from_sorted` (what a rules job reads) keeps the table and derives the
+    ids in member order only when asked: identity, fingerprint (hashed from
+    the table, chunk by chunk) and lookups equal the catalogue's own, across
+    chunk edges (a small chunk here), with no-item slots and repeated ids."""
+    from static_keras.index import member_catalogue
+
+    monkeypatch.setattr(member_catalogue, "_CHUNK", 1 << 10)
+    rng = np.random.default_rng(size)
+    ids = {
+        "identity": np.arange(size),
+        "sparse": 10**12 + 3 * rng.permutation(size),
+        "headroom": np.where(rng.random(size) < 0.2, -1, 10**9 + rng.permutation(size)),
+        "repeats": rng.integers(0, max(size // 3, 1), size) * 1000,
+        "shifted": np.arange(size) + 1,
+    }[kind]
+    own = MemberCatalogue(ids, size)
+    served = MemberCatalogue.from_sorted(*own.exclusion_table(), size)
+    assert served._ids is None  # nothing in member order until asked
+    assert (
+        served.fingerprint == own.fingerprint == member_catalogue.catalogue_fingerprint(ids, size)
+    )
+    assert served._ids is None
+    queries = np.concatenate([ids[: size // 2], [-1, 7 * 10**13]]).astype(np.int64)
+    for got, want in zip(served.lookup(queries), own.lookup(queries)):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(served.item_ids, own.item_ids)
+    assert served._identity == own._identity == np.array_equal(ids, np.arange(size))
+
+
+def test_a_table_out_of_order_is_refused():
+    with pytest.raises(ValueError, match="sorted ascending"):
+        MemberCatalogue.from_sorted(np.array([1, 3, 2, 4]), np.arange(4), 4)

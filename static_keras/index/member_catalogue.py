@@ -53,6 +53,7 @@ class MemberCatalogue:
         self._table = self._sorted_ids = self._sorted_members = None
         self._fingerprint = None
         self._ids = None
+        self._ids_from_table = False
         self._distinct = True
         self._has_item_ids = member_item_ids is not None
         if member_item_ids is None:
@@ -76,8 +77,7 @@ class MemberCatalogue:
                 self._table = table
                 return
         self._sorted_ids, self._sorted_members = _sorted_with_members(ids)
-        items = _without_no_item(self._sorted_ids)
-        self._distinct = not np.any(items[1:] == items[:-1])
+        self._distinct = not _repeats_an_item(self._sorted_ids)
 
     @classmethod
     def from_sorted(
@@ -90,8 +90,10 @@ class MemberCatalogue:
         member_item_ids=None,
     ) -> "MemberCatalogue":
         """The catalogue from its ids sorted ascending and the member of each
-        (a served version's exclusion table): no sort, one scatter (none
-        when `member_item_ids`, the same ids in member order, are at hand)."""
+        (a served version's exclusion table): no sort. The ids in member
+        order (`item_ids`) are scattered from the table on first use only (a
+        rules job never needs them: N int64s it would hold for nothing), unless
+        `member_item_ids`, the same ids in member order, are at hand."""
         sorted_ids = _item_id_array(sorted_ids, "sorted_ids")
         sorted_members = np.asarray(sorted_members)
         if sorted_members.dtype != np.int32:  # int32 as served: half the memory
@@ -101,28 +103,29 @@ class MemberCatalogue:
                 f"`sorted_ids` and `sorted_members` must have shape ({num_members},). "
                 f"Received {sorted_ids.shape} and {sorted_members.shape}"
             )
-        if num_members and np.any(sorted_ids[1:] < sorted_ids[:-1]):
+        if num_members and _any_step(sorted_ids, np.less):
             raise ValueError("`sorted_ids` must be sorted ascending")
+        ids = None
         if member_item_ids is not None:
             ids = _item_id_array(member_item_ids, "member_item_ids")
             if ids.shape != (num_members,):
                 raise ValueError(f"`member_item_ids` must have shape ({num_members},)")
-        else:
-            ids = np.full(num_members, -1, np.int64)
-            ids[sorted_members] = sorted_ids
         catalogue = cls.__new__(cls)
         catalogue.num_members = int(num_members)
         catalogue._table = None
         catalogue._fingerprint = None
         catalogue._has_item_ids = bool(has_item_ids)
-        catalogue._identity = _is_identity(ids)
+        if ids is None:
+            catalogue._identity = _is_sorted_identity(sorted_ids, sorted_members)
+        else:
+            catalogue._identity = _is_identity(ids)
         catalogue._ids = None if catalogue._identity else ids
+        catalogue._ids_from_table = ids is None and not catalogue._identity
         catalogue._sorted_ids = catalogue._sorted_members = None
         catalogue._distinct = True
         if not catalogue._identity:
             catalogue._sorted_ids, catalogue._sorted_members = sorted_ids, sorted_members
-            items = _without_no_item(sorted_ids)
-            catalogue._distinct = not np.any(items[1:] == items[:-1])
+            catalogue._distinct = not _repeats_an_item(sorted_ids)
         return catalogue
 
     @classmethod
@@ -138,11 +141,17 @@ class MemberCatalogue:
         """Drops the arrays (a job that holds the only copy and has looked
         up what it needs): afterwards only `num_members` answers."""
         self._ids = self._table = self._sorted_ids = self._sorted_members = None
+        self._ids_from_table = False
 
     @property
     def item_ids(self) -> np.ndarray:
         """int64 `[num_members]`: the item id of each member."""
-        return np.arange(self.num_members) if self._identity else self._ids
+        if self._identity:
+            return np.arange(self.num_members)
+        if self._ids is None and self._ids_from_table:
+            self._ids = np.full(self.num_members, NO_ITEM, np.int64)
+            self._ids[self._sorted_members] = self._sorted_ids
+        return self._ids
 
     @property
     def has_item_ids(self) -> bool:
@@ -161,9 +170,14 @@ class MemberCatalogue:
         """SHA-256 of the member -> item id map: what eligibility sets bind
         to (sets over another catalogue would name other items)."""
         if self._fingerprint is None:
-            self._fingerprint = catalogue_fingerprint(
-                None if self._identity else self._ids, self.num_members
-            )
+            if self._ids is None and self._ids_from_table:
+                self._fingerprint = _table_fingerprint(
+                    self._sorted_ids, self._sorted_members, self.num_members
+                )
+            else:
+                self._fingerprint = catalogue_fingerprint(
+                    None if self._identity else self._ids, self.num_members
+                )
         return self._fingerprint
 
     def lookup(self, item_ids) -> tuple[np.ndarray, np.ndarray]:
@@ -318,6 +332,54 @@ def _is_identity(ids: np.ndarray) -> bool:
                                   and np.array_equal(ids, np.arange(ids.size))))  # fmt: skip
 
 
+def _is_sorted_identity(sorted_ids: np.ndarray, sorted_members: np.ndarray) -> bool:
+    """`_is_identity` of the ids in member order, read off the sorted table
+    (ascending ids 0..N-1 with member m at position m), a chunk at a time."""
+    size = sorted_ids.size
+    if size == 0:
+        return True
+    if sorted_ids[0] != 0 or sorted_ids[-1] != size - 1:
+        return False
+    for start in range(0, size, _CHUNK):
+        expected = np.arange(start, min(start + _CHUNK, size))
+        chunk = slice(start, start + _CHUNK)
+        if not (np.array_equal(sorted_ids[chunk], expected)
+                and np.array_equal(sorted_members[chunk], expected)):  # fmt: skip
+            return False
+    return True
+
+
+def _table_fingerprint(sorted_ids, sorted_members, num_members: int) -> str:
+    """`catalogue_fingerprint` of the ids in member order, hashed a chunk of
+    members at a time from the sorted table through an int32 inverse (half
+    of the int64 ids in member order it avoids holding)."""
+    index_dtype = np.int32 if sorted_ids.size < 2**31 else np.int64
+    position = np.full(num_members, -1, index_dtype)  # of each member in the table
+    for start in range(0, sorted_members.size, _CHUNK):
+        members = sorted_members[start : start + _CHUNK]
+        position[members] = np.arange(start, start + members.size, dtype=index_dtype)
+    digest = hashlib.sha256(f"members:{int(num_members)};".encode())
+    for start in range(0, num_members, _CHUNK):
+        at = position[start : start + _CHUNK]
+        ids = np.where(at >= 0, sorted_ids[np.maximum(at, 0)], NO_ITEM).astype("<i8")
+        digest.update(ids.data)
+    return digest.hexdigest()
+
+
+def _any_step(values: np.ndarray, compare) -> bool:
+    """Whether `compare(values[i + 1], values[i])` holds for any i, a chunk
+    at a time (a bool per entry at once is N bytes for one answer)."""
+    for start in range(0, max(values.size - 1, 0), _CHUNK):
+        stop = min(start + _CHUNK, values.size - 1)
+        if np.any(compare(values[start + 1 : stop + 1], values[start:stop])):
+            return True
+    return False
+
+
+#: Members per chunk of the table passes above (8 MiB of int64).
+_CHUNK = 1 << 20
+
+
 def _sorted_with_members(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`(ids ascending, member of each)`, ties by member. Where the id span
     leaves room, id and member share one int64 key and one vectorised sort
@@ -360,6 +422,8 @@ def _no_item_run(sorted_ids: np.ndarray) -> tuple[int, int]:
     return start, stop
 
 
-def _without_no_item(sorted_ids: np.ndarray) -> np.ndarray:
+def _repeats_an_item(sorted_ids: np.ndarray) -> bool:
+    """Whether ascending ids name an item twice (`NO_ITEM` slots aside: views
+    of the runs around them, no copy)."""
     start, stop = _no_item_run(sorted_ids)
-    return sorted_ids if start == stop else np.concatenate([sorted_ids[:start], sorted_ids[stop:]])
+    return _any_step(sorted_ids[:start], np.equal) or _any_step(sorted_ids[stop:], np.equal)
