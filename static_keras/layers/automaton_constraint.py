@@ -228,8 +228,8 @@ class AutomatonConstraint(keras.layers.Layer, EligibilityMethods, DecodingConstr
         `dense_top_k`: int or None, tokens kept per row where it caps the
         step (`top_k`: its deprecated name); None keeps every allowed token.
 
-        `eligibility`: None, or `(set_ids int32 [R], excluded int32 [R, E])`
-        (either may be None): a candidate is kept only if a member of set
+        `eligibility`: None, or an `Eligibility(set_ids int32 [R], excluded int32
+        [R, E])` (either may be None): a candidate is kept only if a member of set
         `set_ids[r]` (-1: any member) that is not in `excluded[r]` (member
         numbers padded with `num_members`, `MemberCatalogue.exclusion_members`)
         lies below its next state. Filtered before `dense_top_k`, so the kept
