@@ -375,7 +375,7 @@ _JAX_SCRIPT = textwrap.dedent(
     """
     import jax
     import numpy as np
-    from static_keras import ConstrainedDecoding, StaticIndex, beam_search
+    from static_keras import ConstrainedDecoding, Eligibility, StaticIndex, beam_search
     from static_keras.index.eligibility import EligibilitySets
 
     rows = np.array([[0, 1, 2], [0, 1, 3], [1, 0, 0], [2, 2, 1], [3, 3, 3]])
