@@ -239,10 +239,12 @@ def critical_section(base: str, ids: np.ndarray, seed: int, repeats: int = 5) ->
     import contextlib
 
     from static_keras.export import refresh_eligibility
+    from static_keras.export import staging
     from static_keras.export import version_checks
     from static_keras.export import version_lock
 
-    modules = (sys.modules["static_keras.export.publish"], version_checks)
+    # Every user of the lock: the publishing rule and the verdict record.
+    modules = (staging, version_checks)
     held = []
 
     @contextlib.contextmanager
