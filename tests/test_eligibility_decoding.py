@@ -610,3 +610,48 @@ def test_a_layer_saved_before_dense_member_codes_loads_with_them():
     with pytest.raises(ValueError):  # any other count is still an error
         store.pop("0")
         fresh.load_own_variables(store)
+
+
+def test_the_eligibility_argument_is_an_eligibility_checked_for_its_layer():
+    """Anything but an `Eligibility` (or 0.1's pair, with a warning) is
+    refused naming `eligibility`, eagerly and while a graph is traced; a
+    request set out for another index is refused; the search's call takes
+    one spelling at a time."""
+    import tensorflow as tf
+
+    from static_keras import Eligibility
+
+    index = semantic_index(2, seed=3)
+    sets = random_sets(index, 3)
+    layer = ConstrainedDecoding(index, eligibility=sets)
+    states = np.zeros(2, np.int32)
+    logits = np.zeros((2, VOCAB), "float32")
+    set_ids = np.array([0, -1], np.int32)
+    for bad in ({"set_ids": set_ids}, (set_ids, None, None), sets, set_ids):
+        with pytest.raises(ValueError, match="`eligibility` must be a static_keras.Eligibility"):
+            layer.candidates(logits, states, 0, eligibility=bad)
+        with pytest.raises(ValueError, match="`eligibility` must be a static_keras.Eligibility"):
+            tf.function(lambda s: layer.candidates(logits, s, 0, eligibility=bad))(states)
+    want = layer.candidates(logits, states, 0, eligibility=Eligibility(set_ids, None))
+    with pytest.warns(DeprecationWarning, match="static_keras.Eligibility"):
+        got = layer.candidates(logits, states, 0, eligibility=(set_ids, None))
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # A request set out by a layer of another index (other member numbers).
+    other_index = semantic_index(2, seed=4, n=index.num_members // 2)
+    other = ConstrainedDecoding(other_index, eligibility=random_sets(other_index, 4))
+    foreign = other.check_eligibility(Eligibility(set_ids, None))
+    with pytest.raises(ValueError, match="set out for an index of"):
+        layer.candidates(logits, states, 0, eligibility=foreign)
+    own = layer.check_eligibility(Eligibility(set_ids, None))
+    for a, b in zip(layer.candidates(logits, states, 0, eligibility=own), want):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    class Decoder(keras.layers.Layer):
+        def call(self, prefix, state):
+            return ops.zeros((ops.shape(state)[0], VOCAB)), state
+
+    search = ConstrainedBeamSearch(constraint=layer, decoder=Decoder(), beam_size=3)
+    context = np.zeros((2, 1), "float32")
+    with pytest.raises(ValueError, match="not both"):
+        search(context, set_ids=set_ids, eligibility=Eligibility(set_ids, None))

@@ -62,6 +62,8 @@ class RequestEligibility:
             need not filter (that child has the same members).
         group: Python int: a kind's per-request tables have a row per
             `group` rows (a batch row's beams, `repeat_rows`).
+        num_members: Python int, the members of the index it was set out
+            for (member numbers mean nothing under another index).
     """
 
     set_ids: Any = None
@@ -69,6 +71,7 @@ class RequestEligibility:
     excluded_before: Any = None
     entered: bool = False
     group: int = 1
+    num_members: int | None = None
 
 
 def as_eligibility(eligibility) -> Eligibility:
@@ -175,13 +178,18 @@ def prepare(
     outside `[0, num_members)`): they are sorted, and each member counts once.
     """
     if isinstance(eligibility, RequestEligibility):
+        if eligibility.num_members not in (None, num_members):
+            raise ValueError(
+                f"`eligibility` was set out for an index of {eligibility.num_members} members; "
+                f"this layer's has {num_members}: check the request against this layer"
+            )
         return eligibility
     set_ids, excluded = check_eligibility(eligibility, num_sets, rows)
     if set_ids is not None:
         known = ops.logical_and(ops.greater_equal(set_ids, -1), ops.less(set_ids, num_sets))
         set_ids = ops.where(known, set_ids, -2)
     if excluded is None or excluded.shape[1] == 0:
-        request = RequestEligibility(set_ids)
+        request = RequestEligibility(set_ids, num_members=num_members)
         return request if extend is None else extend(request)
 
     real = ops.logical_and(ops.greater_equal(excluded, 0), ops.less(excluded, num_members))
@@ -197,7 +205,7 @@ def prepare(
             counted, ops.logical_or(ops.logical_not(restricted[:, None]), eligible)
         )
     searched, before = eligibility_kernels.prepare_counted(members, counted)
-    request = RequestEligibility(set_ids, searched, before)
+    request = RequestEligibility(set_ids, searched, before, num_members=num_members)
     return request if extend is None else extend(request)
 
 
