@@ -949,12 +949,9 @@ def job_main(args) -> None:
         report["version"] = info.version
     else:
         from static_keras import StaticIndex
-        from static_keras import saving
         from static_keras.export import publish
         from static_keras.export import replace_index
-        from static_keras.export.model_layers import beam_searches
 
-        model = timed("model_load_s", "model_load", lambda: saving.load_model(args.model))
         served_version = newest_good_version(args.base)
         newest = os.path.join(args.base, str(served_version))
         served = timed(
@@ -963,16 +960,26 @@ def job_main(args) -> None:
             lambda: read_eligibility(newest),
             "read_eligibility of the served version",
         )
-        (search,) = beam_searches(model)
-        # The served sets may be over a catalogue a delta changed since the
-        # model was saved: carried over to the model's own index by item id.
-        search.constraint.set_eligibility(served.carried_over(search.constraint.catalogue()))
-        feed = np.load(args.feed)
-        ids, items = feed["semantic_ids"], feed["item_ids"]
+        with np.load(args.feed) as feed:
+            ids, items = feed["semantic_ids"], feed["item_ids"]
         index = timed(
             "index_build_s", "index_build", lambda: StaticIndex.build(ids, VOCAB, item_ids=items)
         )
-        new_model = timed("replace_index_s", "replace_index", lambda: replace_index(model, index))
+        del ids, items
+        # The served sets (a delta may have changed the catalogue since the
+        # model was saved) carried over to the new index by item id, as
+        # `static-keras publish --index` does.
+        carried = timed(
+            "carry_sets_s", "carry_sets", lambda: served.carried_over(index),
+            "the served sets carried over to the new index by item id",
+        )  # fmt: skip
+        del served
+        new_model = timed(
+            "replace_index_s",
+            "replace_index",
+            lambda: replace_index(args.model, index, eligibility=carried),
+            "model.keras loaded without its old index, over the new one",
+        )
         info = timed(
             "publish_s",
             "publish",

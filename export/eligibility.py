@@ -31,6 +31,7 @@ from static_keras.export.input_checks import check_width
 from static_keras.export.model_layers import beam_searches
 from static_keras.export.served_tensors import TABLE_IDS
 from static_keras.export.served_tensors import TABLE_MEMBERS
+from static_keras.kernels import execution_plan
 from static_keras.kernels.eligibility_kernels import MAX_DYNAMIC_EXCLUDED
 
 ELIGIBLE_SIGNATURE = "serving_eligible"
@@ -55,11 +56,15 @@ def eligible_search(model):
 
 
 def exclusion_tables(search) -> dict[str, tf.Variable]:
-    """Sorted item ids and their members, as variables (never graph constants)."""
+    """Sorted item ids and their members, as variables (never graph
+    constants) that take the table's buffers (no conversion copies)."""
     ids, members = search.constraint.catalogue().exclusion_table()
+    value = execution_plan.current().primitives.weight_value
     return {
-        TABLE_IDS: tf.Variable(ids, trainable=False, name=TABLE_IDS),
-        TABLE_MEMBERS: tf.Variable(members.astype(np.int32), trainable=False, name=TABLE_MEMBERS),
+        TABLE_IDS: tf.Variable(value(ids), trainable=False, name=TABLE_IDS),
+        TABLE_MEMBERS: tf.Variable(
+            value(members.astype(np.int32, copy=False)), trainable=False, name=TABLE_MEMBERS
+        ),
     }
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 
 import keras
 
+from static_keras.constraint import index_weights
 from static_keras.decoding.constrained_beam_search import ConstrainedBeamSearch
 from static_keras.export.model_layers import beam_searches
 from static_keras.index.automaton import TokenAutomaton
@@ -15,9 +18,17 @@ logger = logging.getLogger("static_keras.export")
 
 
 def replace_index(
-    model: keras.Model, index: TokenAutomaton, *, eligibility: EligibilitySets | None = None
+    model: keras.Model | str | os.PathLike,
+    index: TokenAutomaton,
+    *,
+    eligibility: EligibilitySets | None = None,
 ) -> keras.Model:
     """A copy of `model` whose `ConstrainedBeamSearch` decodes over `index`.
+
+    `model` may be the path of a `.keras` file: the model it holds is loaded
+    without its index (the daily catalogue job never holds the old index
+    beside the new one: only the member item ids and sets are read, and only
+    when `eligibility` is None and the model holds sets, to carry them over).
 
     Every other layer (the decoder included) is shared with `model`, so the
     copy holds the same decoder weights; only the index tensors are new (and
@@ -48,6 +59,15 @@ def replace_index(
             "`index` must be a TokenAutomaton (StaticIndex, StringIndex). "
             f"Received: {type(index).__name__}"
         )
+    if isinstance(model, (str, os.PathLike)):
+        from static_keras import saving
+
+        with index_weights.replacing_index(carry_sets=eligibility is None):
+            loaded = saving.load_model(model)
+        new = replace_index(loaded, index, eligibility=eligibility)
+        del loaded
+        gc.collect()  # the old constraint's weights (Keras layers hold cycles)
+        return new
     searches = beam_searches(model)
     if len(searches) != 1:
         raise ValueError(

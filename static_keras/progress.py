@@ -40,11 +40,15 @@ def printed(stream=None):
 
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(_Elapsed())
-    level = logger.level
+    level, propagate = logger.level, logger.propagate
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    # Printed here only: a handler on the root logger (TensorFlow's save
+    # installs absl's) would print every line a second time.
+    logger.propagate = False
     try:
         yield
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+        logger.propagate = propagate

@@ -68,6 +68,7 @@ def _model_with_index(args, model_base_path=None):
     never touch the .keras file), carried over to the model's index by item
     id, or else the model's own. `based_on`: the version they came from
     (what `publish` rebases from when versions land meanwhile), or None."""
+    from static_keras.constraint import index_weights
     from static_keras.export import replace_index
     from static_keras.export.model_layers import beam_searches
 
@@ -76,13 +77,19 @@ def _model_with_index(args, model_base_path=None):
     if args.index:
         with stage(f"loading {args.index}"):
             index = load_index(args.index)
+    served = _served_sets(model_base_path)
     with stage(f"loading {args.model}"):
-        model = _load_model(args.model)
+        if index is None:
+            model = _load_model(args.model)
+        else:
+            # The model's own index is replaced: left unread, save what
+            # carries its sets over where no served version has any.
+            with index_weights.replacing_index(carry_sets=served is None):
+                model = _load_model(args.model)
     searches = beam_searches(model)
     constraint = searches[0].constraint if len(searches) == 1 else None
     sets, source, based_on = None, "the model", None
     if constraint is not None and constraint.num_eligibility_sets:
-        served = _served_sets(model_base_path)
         if served is not None:
             based_on, sets = served
             source = f"version {based_on}"

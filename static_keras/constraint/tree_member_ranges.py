@@ -107,7 +107,9 @@ class TreeMemberRanges:
 
     def weight_arrays(self, index) -> dict:
         table, _ = self.boundaries.get(index)
-        arrays = dense_fields.member_range_arrays(self.layout, index.arrays, self.windows, table)
+        # The index's own layout: a new catalogue in the same capacities
+        # (`set_index`) has other used sizes than the one built with.
+        arrays = dense_fields.member_range_arrays(index.layout, index.arrays, self.windows, table)
         self.boundaries.drop()
         return arrays
 

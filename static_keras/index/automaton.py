@@ -143,6 +143,14 @@ class TokenAutomaton:
             views[name] = view
         return views
 
+    def shared_arrays(self) -> dict[str, np.ndarray]:
+        """The arrays of `arrays` as writeable views of the index's own
+        memory, for a framework that takes them as its tensors' buffers
+        without a copy (a layer's weights): DLPack cannot hand over
+        read-only memory. Nothing may write into them (a TensorFlow
+        assignment replaces a weight's buffer; tests/test_shared_weights.py)."""
+        return {name: self._arrays[name].view() for name in self._layout.array_shapes()}
+
     @property
     def vocab_size(self) -> int:
         return self._layout.vocab_size

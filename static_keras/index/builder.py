@@ -20,6 +20,7 @@ import functools
 
 import numpy as np
 
+from static_keras.index import aligned_arrays
 from static_keras.index import headroom as headroom_layouts
 from static_keras.index.input_checks import check_duplicate_policy
 from static_keras.index.input_checks import validate_item_ids
@@ -241,7 +242,9 @@ def arrays_from_levels(
     # pointers (absolute tail edge numbers) for levels that branch. With
     # headroom the slots past the used ones stay zero, and padded rows are
     # empty, past the level's used edges: unreachable.
-    make = np.zeros if padded else np.empty
+    # The large arrays are allocated aligned: a layer's weights take them
+    # as they are (`aligned_arrays`).
+    make = aligned_arrays.zeros if padded else aligned_arrays.empty
     tokens = make(layout.num_tail_edges, dtype=token_dtype(vocab_size))
     # Every branching level fills its rows; with none, one zero pads the array.
     given = indptr
@@ -249,7 +252,7 @@ def arrays_from_levels(
     if layout.num_indptr:
         fits = (given is not None and given.shape == (layout.num_indptr,)
                 and given.dtype == layout.indptr_dtype and given.flags.writeable)  # fmt: skip
-        indptr = given if fits else np.empty(layout.num_indptr, dtype=layout.indptr_dtype)
+        indptr = given if fits else aligned_arrays.empty(layout.num_indptr, layout.indptr_dtype)
     for t in range(d, length):
         edge0 = layout.edge_offsets[t]
         tokens[edge0 : edge0 + level_sizes[t + 1]] = level_tokens[t]
@@ -275,7 +278,7 @@ def arrays_from_levels(
     arrays["indptr"] = indptr
     if leaf_item_ids is not None:
         if padded and leaf_item_ids.size != layout.num_members:  # else padded already
-            ids = np.full(layout.num_members, -1, np.int64)
+            ids = aligned_arrays.full(layout.num_members, -1, np.int64)
             ids[: leaf_item_ids.size] = leaf_item_ids
             leaf_item_ids = ids
         arrays["leaf_item_ids"] = leaf_item_ids
@@ -302,7 +305,8 @@ def sort_unique(seqs: np.ndarray, vocab_size: int, item_ids, on_duplicate_item: 
     unique = lcp < length
     leaf_item_ids = None
     if item_ids is not None:
-        leaf_item_ids = _leaf_item_ids(item_ids[order], unique, on_duplicate_item)
+        sorted_ids = np.take(item_ids, order, out=aligned_arrays.empty(order.size, item_ids.dtype))
+        leaf_item_ids = _leaf_item_ids(sorted_ids, unique, on_duplicate_item)
     if not unique.all():
         sorted_cols = [column[unique] for column in sorted_cols]
         lcp = lcp[unique]

@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from static_keras.index import aligned_arrays
 from static_keras.index.layout import IndexLayout
 
 
@@ -109,8 +110,8 @@ def fit(capacity: IndexLayout, exact: IndexLayout, arrays: dict) -> tuple[IndexL
     out = {
         "dense_masks": arrays["dense_masks"],
         "dense_states": arrays["dense_states"],
-        "tokens": np.zeros(*shapes["tokens"]),
-        "indptr": np.zeros(*shapes["indptr"]),
+        "tokens": aligned_arrays.zeros(*shapes["tokens"]),
+        "indptr": aligned_arrays.zeros(*shapes["indptr"]),
     }
     used = exact.level_sizes
     for t in range(exact.dense_levels, exact.length):
@@ -129,7 +130,7 @@ def fit(capacity: IndexLayout, exact: IndexLayout, arrays: dict) -> tuple[IndexL
         rows[: used[t] + 1] = starts + target
         rows[used[t] + 1 :] = target + edges  # padded rows: empty, past the used edges
     if exact.has_item_ids:
-        ids = np.full(layout.num_members, -1, np.int64)
+        ids = aligned_arrays.full(layout.num_members, -1, np.int64)
         ids[: exact.num_members] = arrays["leaf_item_ids"]
         out["leaf_item_ids"] = ids
     return layout, out

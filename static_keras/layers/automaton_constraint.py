@@ -141,12 +141,30 @@ class AutomatonConstraint(keras.layers.Layer, EligibilityMethods, DecodingConstr
         index_weights.assign_arrays(self.derived_index_weights, derived)
         index_weights.assign_arrays(self.member_range_weights, member_ranges)
 
+    def load_own_variables(self, store):
+        # Each file value handed to its weight without TensorFlow's two
+        # conversion copies, one weight at a time; the zeros they replace
+        # were never resident (`index_weights.add_weights`).
+        store = index_weights.SharedValues(store)
+        wanted = index_weights.weights_to_load(self)
+        if wanted is None:
+            return super().load_own_variables(store)
+        if len(store) != len(self.weights):
+            raise ValueError(
+                f"Layer {self.name!r} expects {len(self.weights)} weights; the file holds "
+                f"{len(store)}"
+            )
+        wanted = {id(weight) for weight in wanted}
+        for position, weight in enumerate(self.weights):
+            if id(weight) in wanted:
+                weight.assign(store[str(position)])
+
     def _weight_arrays(self, index) -> tuple[dict, dict, dict]:
         """The values of the index weights, of those the dense head derives
         from them and of the member ranges (where the layer holds sets)."""
         derived = {} if self.dense_head is None else self.dense_head.weight_arrays(index.arrays)
         ranges = self.member_range_part.weight_arrays(index) if self.num_eligibility_sets else {}
-        return index.arrays, derived, ranges
+        return index.shared_arrays(), derived, ranges
 
     def get_config(self):
         config = super().get_config()

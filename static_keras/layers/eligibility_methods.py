@@ -17,6 +17,7 @@ from static_keras.constraint import eligibility_request
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.member_catalogue import MemberCatalogue
 from static_keras.index.member_catalogue import catalogue_fingerprint
+from static_keras.kernels import execution_plan
 
 
 class EligibilityMethods:
@@ -63,7 +64,8 @@ class EligibilityMethods:
         if not self.has_item_ids:
             return np.arange(self.layout.num_members, dtype=np.int64)
         weight = self.index_weights[self.layout.member_ids_array]
-        return np.asarray(ops.convert_to_numpy(weight)).astype(np.int64, copy=False)
+        ids = execution_plan.current().primitives.host_array(weight)  # a view where shared
+        return ids.astype(np.int64, copy=False)
 
     def catalogue(self) -> MemberCatalogue:
         """The `MemberCatalogue` of the index this layer holds."""

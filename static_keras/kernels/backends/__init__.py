@@ -8,7 +8,9 @@ makes slow, one module per backend, each with the same functions.
 
 Each also answers what the execution plan asks of its backend: where ops go
 by default (`device_kind`), whether the ops being built now are compiled by
-XLA (`compiling`), and whether it holds int64 tensors (`holds_int64`).
+XLA (`compiling`), whether it holds int64 tensors (`holds_int64`), and how
+a weight takes a host array and gives its value back (`weight_value`,
+`zeros_value`, `host_array`: TensorFlow shares the memory, with no copy).
 
 This folder is the one place that names a backend: a kernel reaches these
 functions through the plan (`execution_plan.current().primitives.take(x,
@@ -34,6 +36,9 @@ FUNCTIONS = (
     "popcount32",
     "searchsorted",
     "holds_int64",
+    "weight_value",
+    "zeros_value",
+    "host_array",
     "compiling",
     "device_kind",
 )

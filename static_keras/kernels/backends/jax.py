@@ -17,6 +17,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+# Keras copies a host array into a JAX variable (`jnp.array`) whatever it
+# is given: the portable forms.
+from static_keras.kernels.backends.portable import host_array  # noqa: F401
+from static_keras.kernels.backends.portable import weight_value  # noqa: F401
+from static_keras.kernels.backends.portable import zeros_value  # noqa: F401
+
 
 def take(x, indices):
     """`x[indices]` along axis 0 (indices in range)."""

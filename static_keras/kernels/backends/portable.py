@@ -9,6 +9,7 @@ sorted search.
 
 from __future__ import annotations
 
+import numpy as np
 from keras import ops
 
 _M1 = 0x55555555
@@ -56,6 +57,21 @@ def searchsorted(sorted_rows, values):
     keras.ops' `searchsorted` is 1-D: every pair compared (`[R, Q, P]`)."""
     below = ops.less(ops.expand_dims(sorted_rows, 1), ops.expand_dims(values, 2))
     return ops.sum(ops.cast(below, "int32"), axis=2)
+
+
+def weight_value(array):
+    """`array`, for a weight to take as its value (the backend copies it)."""
+    return array
+
+
+def zeros_value(shape, dtype):
+    """None: the weight starts as the backend's own zeros."""
+    return None
+
+
+def host_array(weight) -> np.ndarray:
+    """A weight's value as NumPy (a copy)."""
+    return np.asarray(ops.convert_to_numpy(weight))
 
 
 def holds_int64() -> bool:

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import tensorflow as tf
+
+from static_keras.index import aligned_arrays
 
 
 def take(x, indices):
@@ -51,6 +54,43 @@ def searchsorted(sorted_rows, values):
 
 def holds_int64() -> bool:
     return True
+
+
+def weight_value(array):
+    """`array` as a tensor over the same memory, for a weight to take as its
+    buffer: the variable made from it (or assigned it) copies nothing.
+
+    `tf.Variable(array)` or `assign(array)` of a NumPy array converts it
+    first, which holds two copies of it (measured: +2 GiB for 1 GiB of
+    int32), so an index's weights cost three times the index while they
+    are made. DLPack hands over the array's memory instead; memory that is
+    not aligned for TensorFlow's kernels, not contiguous or read-only is
+    first copied into an aligned buffer (one copy). Assigning a weight
+    replaces its buffer, never writes into it, so the array is never
+    changed through the weight.
+    """
+    array = np.asarray(array)
+    if array.flags.writeable:
+        array = aligned_arrays.aligned(array)
+    else:  # DLPack cannot say read-only
+        array = aligned_arrays.aligned_copy(array)
+    return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+
+
+def zeros_value(shape, dtype):
+    """Zeros for a weight that its file's values will replace: calloc'd
+    memory (pages untouched, so not resident) shared with the variable."""
+    array = aligned_arrays.zeros(shape, dtype)
+    return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+
+
+def host_array(weight) -> np.ndarray:
+    """A weight's value as NumPy: a read-only view of its buffer (DLPack,
+    no copy) on the CPU; elsewhere a copy."""
+    tensor = tf.convert_to_tensor(weight)
+    if "CPU" not in tensor.device.upper():
+        return tensor.numpy()
+    return np.from_dlpack(tensor)
 
 
 def compiling() -> bool:

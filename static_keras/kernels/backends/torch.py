@@ -9,11 +9,14 @@ import functools
 
 from static_keras.kernels.backends.portable import compiling
 from static_keras.kernels.backends.portable import holds_int64
+from static_keras.kernels.backends.portable import host_array
 from static_keras.kernels.backends.portable import popcount32
 from static_keras.kernels.backends.portable import searchsorted
 from static_keras.kernels.backends.portable import take
 from static_keras.kernels.backends.portable import take_along_rows
 from static_keras.kernels.backends.portable import take_cells
+from static_keras.kernels.backends.portable import weight_value
+from static_keras.kernels.backends.portable import zeros_value
 
 __all__ = [
     "take",
@@ -22,6 +25,9 @@ __all__ = [
     "popcount32",
     "searchsorted",
     "holds_int64",
+    "weight_value",
+    "zeros_value",
+    "host_array",
     "compiling",
     "device_kind",
 ]
