@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
+import shutil
+import tempfile
+import zipfile
 
 import keras
 
+from static_keras import saving
 from static_keras.constraint import index_weights
 from static_keras.decoding.constrained_beam_search import ConstrainedBeamSearch
+from static_keras.export import direct_io
 from static_keras.export.model_layers import beam_searches
 from static_keras.index.automaton import TokenAutomaton
 from static_keras.index.eligibility import EligibilitySets
@@ -60,10 +66,7 @@ def replace_index(
             f"Received: {type(index).__name__}"
         )
     if isinstance(model, (str, os.PathLike)):
-        from static_keras import saving
-
-        with index_weights.replacing_index(carry_sets=eligibility is None):
-            loaded = saving.load_model(model)
+        loaded = load_model_without_index(model, carry_sets=eligibility is None)
         new = replace_index(loaded, index, eligibility=eligibility)
         del loaded
         gc.collect()  # the old constraint's weights (Keras layers hold cycles)
@@ -107,6 +110,57 @@ def replace_index(
         name=config["name"],
     )
     return _copy_with(model, old, new)
+
+
+#: The members of a `.keras` file (Keras 3's layout) this loader reads itself.
+_CONFIG, _METADATA, _WEIGHTS = "config.json", "metadata.json", "model.weights.h5"
+
+
+def load_model_without_index(path: str | os.PathLike, *, carry_sets: bool) -> keras.Model:
+    """The model of a `.keras` file whose constraint's index is left unread,
+    for `replace_index` to put a new one in its place at once (the index
+    weights hold zeros that were never resident: not a model to decode with).
+    With `carry_sets`, its member item ids and sets are read (what carries
+    the sets over to the new index by item id).
+
+    Keras reads a file's weights into memory whole when memory allows, a
+    transient of up to twice the file (9 GB over a 4.9 GB `.keras` at 10^8
+    items, measured), though most of it is the index this load skips. Here
+    the weights file is copied out of the archive with direct I/O (no page
+    cache, no memory: 0.4-0.5 s a GB on the benchmark machine) beside the
+    model, and `load_weights` reads only what it loads. A file with assets or
+    another layout goes through `keras.saving.load_model`.
+    """
+    path = os.fspath(path)
+    with zipfile.ZipFile(path) as archive:
+        names = set(archive.namelist())
+        plain = _WEIGHTS in names and _CONFIG in names and names <= {_CONFIG, _METADATA, _WEIGHTS}
+        with index_weights.replacing_index(carry_sets=carry_sets):
+            if not plain:
+                return saving.load_model(path)
+            saving.register_layers()
+            config = json.loads(archive.read(_CONFIG))
+            config["compile_config"] = None  # a model to export: never trained here
+            model = keras.saving.deserialize_keras_object(config)
+            directory = _scratch_directory(path)
+            try:
+                weights = os.path.join(directory, _WEIGHTS)
+                with archive.open(_WEIGHTS) as source, direct_io.SequentialWriter(weights) as out:
+                    for chunk in iter(lambda: source.read(1 << 24), b""):
+                        out.write(chunk)
+                model.load_weights(weights)
+            finally:
+                shutil.rmtree(directory, ignore_errors=True)
+    return model
+
+
+def _scratch_directory(path: str) -> str:
+    """A new directory beside `path` (its filesystem, as Keras extracts),
+    else in the system's temporary directory."""
+    try:
+        return tempfile.mkdtemp(prefix=".static_keras_weights_", dir=os.path.dirname(path) or ".")
+    except OSError:  # a read-only model directory
+        return tempfile.mkdtemp(prefix="static_keras_weights_")
 
 
 def _copy_with(model: keras.Model, old: ConstrainedBeamSearch, new: ConstrainedBeamSearch):

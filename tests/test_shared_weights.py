@@ -11,10 +11,14 @@ and a `.keras` file loads without transient copies of the index.
 - `replace_index(path, index)` answers exactly as `replace_index` of the
   loaded model, with the saved sets carried over or the given ones; inside
   `replacing_index` a load leaves the old index unread (zeros) and reads the
-  decoder, and the member item ids and sets only when it carries them.
+  decoder, and the member item ids and sets only when it carries them; so
+  does `load_model_without_index` (its own reader of the file), which leaves
+  no scratch copy of the weights behind.
 """
 
 from __future__ import annotations
+
+import os
 
 import keras
 import numpy as np
@@ -32,6 +36,7 @@ from static_keras import saving
 from static_keras.constraint import index_weights
 from static_keras.export import replace_index
 from static_keras.export.model_layers import beam_searches
+from static_keras.export.refresh import load_model_without_index
 from static_keras.index import aligned_arrays
 from static_keras.index.catalogue_delta import apply_delta
 from static_keras.index.eligibility import EligibilitySets
@@ -195,15 +200,21 @@ def test_replace_index_from_a_path_answers_as_from_the_loaded_model(tmp_path, gi
     assert got_search.constraint.layout == new.layout
 
 
+def _keras_loader(path, carry_sets):
+    with index_weights.replacing_index(carry_sets=carry_sets):
+        return saving.load_model(path)
+
+
+@pytest.mark.parametrize("loader", [_keras_loader, load_model_without_index])
 @pytest.mark.parametrize("carry_sets", [False, True])
-def test_a_load_that_replaces_the_index_leaves_it_unread(tmp_path, carry_sets):
+def test_a_load_that_replaces_the_index_leaves_it_unread(tmp_path, carry_sets, loader):
     index = _index(14, headroom=0.1)
     sets = _sets(index, 15)
     model = _model(index, sets)
     path = str(tmp_path / "m.keras")
     model.save(path)
-    with index_weights.replacing_index(carry_sets=carry_sets):
-        loaded = saving.load_model(path)
+    loaded = loader(path, carry_sets=carry_sets)
+    assert sorted(os.listdir(tmp_path)) == ["m.keras"]  # no scratch copy left
     (search,) = beam_searches(loaded)
     (saved,) = beam_searches(model)
     constraint = search.constraint

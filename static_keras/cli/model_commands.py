@@ -56,9 +56,13 @@ def check_is_model(path: str, command: str) -> None:
 def _load_model(path: str):
     from static_keras import saving
 
+    _load_model_check(path)
+    return saving.load_model(path)
+
+
+def _load_model_check(path: str) -> None:
     if not os.path.isfile(path):
         raise UserError(f"no such model file: {path}")
-    return saving.load_model(path)
 
 
 def _model_with_index(args, model_base_path=None):
@@ -68,9 +72,9 @@ def _model_with_index(args, model_base_path=None):
     never touch the .keras file), carried over to the model's index by item
     id, or else the model's own. `based_on`: the version they came from
     (what `publish` rebases from when versions land meanwhile), or None."""
-    from static_keras.constraint import index_weights
     from static_keras.export import replace_index
     from static_keras.export.model_layers import beam_searches
+    from static_keras.export.refresh import load_model_without_index
 
     # The index first: a wrong --index fails in a moment, not after the model loads.
     index = None
@@ -84,8 +88,8 @@ def _model_with_index(args, model_base_path=None):
         else:
             # The model's own index is replaced: left unread, save what
             # carries its sets over where no served version has any.
-            with index_weights.replacing_index(carry_sets=served is None):
-                model = _load_model(args.model)
+            _load_model_check(args.model)
+            model = load_model_without_index(args.model, carry_sets=served is None)
     searches = beam_searches(model)
     constraint = searches[0].constraint if len(searches) == 1 else None
     sets, source, based_on = None, "the model", None
