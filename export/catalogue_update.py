@@ -65,6 +65,7 @@ from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.headroom import CapacityError
 from static_keras.index.layout import IndexLayout
 from static_keras.index.member_catalogue import MemberCatalogue
+from static_keras.index.member_catalogue import exclusion_table_digest
 from static_keras.index.static_index import StaticIndex
 from static_keras.progress import stage
 
@@ -308,9 +309,15 @@ def _new_tensors(source: str, delta: dict, add_to_sets) -> dict:
         del moved
         for name, ids in (add_to_sets or {}).items():
             sets = _joined(sets, name, ids, delta["add_item_ids"])
-        replaced.update(_set_tensors(metadata, sets, values.get("dense_boundaries")))
+        set_tensors = _set_tensors(metadata, sets, values.get("dense_boundaries"))
+        replaced.update(set_tensors)
         eligibility = dict(metadata["eligibility"])
-        eligibility["catalogue_fingerprint"] = sets.catalogue.fingerprint
+        eligibility["catalogue_fingerprint"] = fingerprint = sets.catalogue.fingerprint
+        eligibility["table_digest"] = exclusion_table_digest(
+            fingerprint,
+            set_tensors[checkpoint_key(TABLES_ATTRIBUTE, TABLE_IDS)],
+            set_tensors[checkpoint_key(TABLES_ATTRIBUTE, TABLE_MEMBERS)],
+        )
         new_metadata["eligibility"] = eligibility
         sizes = sets.sizes()
     elif add_to_sets:

@@ -31,6 +31,7 @@ from static_keras.export.input_checks import check_width
 from static_keras.export.model_layers import beam_searches
 from static_keras.export.served_tensors import TABLE_IDS
 from static_keras.export.served_tensors import TABLE_MEMBERS
+from static_keras.index.member_catalogue import exclusion_table_digest
 from static_keras.kernels import execution_plan
 from static_keras.kernels.eligibility_kernels import MAX_DYNAMIC_EXCLUDED
 
@@ -111,20 +112,27 @@ def request_eligibility(search, tables, request: Mapping[str, tf.Tensor], batch)
     return Eligibility(set_ids, excluded)
 
 
-def signature_metadata(search, variable_keys: Mapping[int, str]) -> dict:
+def signature_metadata(search, variable_keys: Mapping[int, str], tables: Mapping) -> dict:
     """What `refresh_eligibility` needs to find and check the set variables:
     the checkpoint keys (`variable_keys`: by `id` of each variable's value)
     of the variables the constraint says a refresh rewrites or reads
-    (`eligibility_refresh_spec`), by role, and how derived ones are made."""
+    (`eligibility_refresh_spec`), by role, how derived ones are made, and
+    the digest binding the exclusion table (`tables`) to the catalogue's
+    fingerprint."""
     constraint = search.constraint
     spec = constraint.eligibility_refresh_spec()
     weights = {**spec["rewrites"], **spec["reads"]}
+    fingerprint = constraint.catalogue_fingerprint()
+    view = execution_plan.current().primitives.host_array  # no copies of the table
     metadata = {
         "signature": ELIGIBLE_SIGNATURE,
         "inputs": [SET_ID_INPUT, EXCLUDED_INPUT],
         "num_members": constraint.layout.num_members,
         "has_item_ids": constraint.has_item_ids,
-        "catalogue_fingerprint": constraint.catalogue_fingerprint(),
+        "catalogue_fingerprint": fingerprint,
+        "table_digest": exclusion_table_digest(
+            fingerprint, view(tables[TABLE_IDS]), view(tables[TABLE_MEMBERS])
+        ),
         "variables": {role: variable_keys[id(w.value)] for role, w in weights.items()},
     }
     if spec["derive"] is not None:  # derived from the sets: a refresh rewrites them too

@@ -45,6 +45,7 @@ from static_keras.index import dense_eligibility
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.member_catalogue import MemberCatalogue
 from static_keras.index.member_catalogue import catalogue_fingerprint
+from static_keras.index.member_catalogue import exclusion_table_digest
 from static_keras.progress import stage
 
 
@@ -85,10 +86,16 @@ def read_eligibility(saved_model_dir: str | os.PathLike) -> EligibilitySets:
     }
     tensors = checkpoint_patch.read_tensors(checkpoint_prefix(path), names.values())
     ids, members, words, directory = (tensors[names[n]] for n in names)
+    fingerprint, digest = info["catalogue_fingerprint"], info.get("table_digest")
+    if digest is not None:  # one sequential pass binds the table to its fingerprint
+        if exclusion_table_digest(fingerprint, ids, members) != digest:
+            raise ValueError(f"{path!r}: the exclusion table does not match its metadata")
     catalogue = MemberCatalogue.from_sorted(
-        ids, members, info["num_members"], has_item_ids=info.get("has_item_ids", True)
-    )
-    if info["catalogue_fingerprint"] not in (catalogue.fingerprint, _before_identity(catalogue)):
+        ids, members, info["num_members"], has_item_ids=info.get("has_item_ids", True),
+        fingerprint=fingerprint if digest is not None else None,
+    )  # fmt: skip
+    if digest is None and fingerprint not in (catalogue.fingerprint, _before_identity(catalogue)):
+        # A version exported before the digest: the fingerprint re-derived.
         raise ValueError(f"{path!r}: the exclusion table does not match its metadata")
     return EligibilitySets(
         metadata["eligibility_sets"], words.view(np.uint32), directory.view(np.uint32), catalogue

@@ -246,7 +246,8 @@ def _metadata(model, module, specs, ranges, output_names, xla, written) -> dict:
         metadata["catalogue_update"] = update
     for declared in written:
         if declared.metadata is not None:
-            metadata.update(declared.metadata(declared.search_of(model), keys))
+            tables = getattr(module, declared.tables_attribute, {}) if declared.tables else {}
+            metadata.update(declared.metadata(declared.search_of(model), keys, tables))
     return metadata
 
 

@@ -50,7 +50,8 @@ class ServedSignature:
         eligibility: `(search, tables, request, batch) -> Eligibility`: the
             graph from the checked request tensors (by name) to the search's
             eligibility, run outside any XLA cluster.
-        metadata: `(search, variable_keys) -> dict`, merged into the version's
+        metadata: `(search, variable_keys, tables) -> dict` (`tables`: this form's
+            variables by name, empty without any), merged into the version's
             metadata.
     """
 
@@ -68,10 +69,10 @@ class ServedSignature:
         return {**model_examples, **rows}
 
 
-def _eligible_metadata(search, variable_keys) -> dict:
+def _eligible_metadata(search, variable_keys, tables) -> dict:
     return {
         "eligibility_sets": list(search.constraint.eligibility_names or ()),
-        "eligibility": eligible.signature_metadata(search, variable_keys),
+        "eligibility": eligible.signature_metadata(search, variable_keys, tables),
     }
 
 

@@ -273,7 +273,7 @@ def test_a_swap_between_indexes_with_and_without_item_ids_is_refused():
             replace_index(_model(old, None), new)
 
 
-def test_versions_exported_before_the_identity_fingerprint_still_read(tmp_path):
+def test_versions_exported_before_the_identity_fingerprint_or_the_digest_still_read(tmp_path):
     """Earlier exports hashed member numbers as ids where an index has no item
     ids; the sets of such a version still read (and so refresh)."""
     import hashlib
@@ -290,14 +290,29 @@ def test_versions_exported_before_the_identity_fingerprint_still_read(tmp_path):
     n = index.num_members
     legacy = hashlib.sha256(f"members:{n};".encode())
     legacy.update(np.arange(n, dtype="<i8").tobytes())
+    current = dict(metadata["eligibility"])
+    # Such a version has neither `has_item_ids` nor a table digest.
     metadata["eligibility"]["catalogue_fingerprint"] = legacy.hexdigest()
     metadata["eligibility"].pop("has_item_ids", None)
+    metadata["eligibility"].pop("table_digest")
     path.write_text(json.dumps(metadata))
     assert read_eligibility(tmp_path / "recs" / "1").sizes() == {"s": 3}
     metadata["eligibility"]["catalogue_fingerprint"] = "0" * 64
     path.write_text(json.dumps(metadata))
     with pytest.raises(ValueError, match="does not match its metadata"):
         read_eligibility(tmp_path / "recs" / "1")
+    # This version's metadata: the digest binds the table to the fingerprint,
+    # so a wrong fingerprint or a wrong digest is refused without re-deriving it.
+    for field in ("catalogue_fingerprint", "table_digest"):
+        metadata["eligibility"] = {**current, field: "0" * 64}
+        path.write_text(json.dumps(metadata))
+        with pytest.raises(ValueError, match="does not match its metadata"):
+            read_eligibility(tmp_path / "recs" / "1")
+    metadata["eligibility"] = current
+    path.write_text(json.dumps(metadata))
+    read = read_eligibility(tmp_path / "recs" / "1")
+    assert read.catalogue.fingerprint == current["catalogue_fingerprint"]
+    assert read.catalogue.fingerprint == MemberCatalogue.from_index(index).fingerprint
 
 
 def test_bad_inputs_are_refused_in_a_traced_graph_and_by_the_swap():

@@ -88,12 +88,16 @@ class MemberCatalogue:
         *,
         has_item_ids: bool = True,
         member_item_ids=None,
+        fingerprint: str | None = None,
     ) -> "MemberCatalogue":
         """The catalogue from its ids sorted ascending and the member of each
         (a served version's exclusion table): no sort. The ids in member
         order (`item_ids`) are scattered from the table on first use only (a
         rules job never needs them: N int64s it would hold for nothing), unless
-        `member_item_ids`, the same ids in member order, are at hand."""
+        `member_item_ids`, the same ids in member order, are at hand.
+        `fingerprint`: the table's known fingerprint (a version's metadata,
+        the table checked against its `exclusion_table_digest`), else
+        derived from the table on first use."""
         sorted_ids = _item_id_array(sorted_ids, "sorted_ids")
         sorted_members = np.asarray(sorted_members)
         if sorted_members.dtype != np.int32:  # int32 as served: half the memory
@@ -113,7 +117,7 @@ class MemberCatalogue:
         catalogue = cls.__new__(cls)
         catalogue.num_members = int(num_members)
         catalogue._table = None
-        catalogue._fingerprint = None
+        catalogue._fingerprint = fingerprint
         catalogue._has_item_ids = bool(has_item_ids)
         if ids is None:
             catalogue._identity = _is_sorted_identity(sorted_ids, sorted_members)
@@ -396,6 +400,20 @@ def _sorted_with_members(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return keys, members
     order = np.argsort(ids, kind="stable")
     return ids[order], order
+
+
+def exclusion_table_digest(fingerprint: str, sorted_ids, sorted_members) -> str:
+    """SHA-256 binding a served exclusion table to its catalogue's
+    fingerprint: the fingerprint, then the ids (little-endian int64) and the
+    members (int32) in table order. A reader checks a table against it in
+    one sequential pass; re-deriving the fingerprint reads the table in
+    member order (two random passes: 4.6 s of a 6.8 s rules job at 10^8)."""
+    size = int(np.asarray(sorted_ids).size)
+    digest = hashlib.sha256(f"exclusion-table:{fingerprint}:{size};".encode())
+    for values, dtype in ((sorted_ids, "<i8"), (sorted_members, "<i4")):
+        for start in range(0, size, _CHUNK):
+            digest.update(np.ascontiguousarray(values[start : start + _CHUNK], dtype).data)
+    return digest.hexdigest()
 
 
 def catalogue_fingerprint(member_item_ids, num_members: int) -> str:
