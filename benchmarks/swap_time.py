@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import job_memory  # noqa: E402
 from benchmarks import lifecycle  # noqa: E402
 from benchmarks.decoding import common  # noqa: E402
 
@@ -75,16 +75,7 @@ def main(argv=None) -> dict:
         load.start()
         time.sleep(2.0)  # steady traffic before the job
         started = time.perf_counter()
-        child = subprocess.Popen(
-            [sys.executable, "-m", "static_keras.cli", *job],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=lifecycle.child_env(), cwd=common.REPO,
-        )  # fmt: skip
-        output = child.stdout.read()
-        _, status, usage = os.wait4(child.pid, 0)
-        job_seconds = time.perf_counter() - started
-        if os.waitstatus_to_exitcode(status):
-            raise SystemExit(f"the job failed:\n{output[-3000:]}")
+        job_peak, job_seconds, output = job_memory.run_once(None, job)
         new = newest_version(base)
         while load.first_answer(new) is None:
             server.check_alive()
@@ -99,7 +90,7 @@ def main(argv=None) -> dict:
             "old": old,
             "new": new,
             "job_s": round(job_seconds, 2),
-            "job_peak_mib": round(usage.ru_maxrss / 1024),
+            "job_peak_mib": round(job_peak),
             "first_answer_s": round(first, 2),
             "server_load_s": server.load_seconds(new),
             "max_latency_ms": round(1e3 * load.max_latency, 1),

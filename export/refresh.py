@@ -31,10 +31,11 @@ def replace_index(
 ) -> keras.Model:
     """A copy of `model` whose `ConstrainedBeamSearch` decodes over `index`.
 
-    `model` may be the path of a `.keras` file: the model it holds is loaded
-    without its index (the daily catalogue job never holds the old index
-    beside the new one: only the member item ids and sets are read, and only
-    when `eligibility` is None and the model holds sets, to carry them over).
+    `model` may be the path of a `.keras` file (ValueError naming `model`
+    for any other file): the model it holds is loaded without its index
+    (the daily catalogue job never holds the old index beside the new one:
+    only the member item ids and sets are read, and only when `eligibility`
+    is None and the model holds sets, to carry them over).
 
     Every other layer (the decoder included) is shared with `model`, so the
     copy holds the same decoder weights; only the index tensors are new (and
@@ -132,8 +133,17 @@ def load_model_without_index(path: str | os.PathLike, *, carry_sets: bool) -> ke
     another layout goes through `keras.saving.load_model`.
     """
     path = os.fspath(path)
+    if not zipfile.is_zipfile(path):  # False for a missing file too
+        raise ValueError(
+            f"`model` must be a Keras model or the path of a .keras file; {path!r} is not "
+            "one (no such file, or not a zip archive: save one with model.save('m.keras'))"
+        )
     with zipfile.ZipFile(path) as archive:
         names = set(archive.namelist())
+        if _CONFIG not in names:
+            raise ValueError(
+                f"`model` {path!r} is a zip without Keras's {_CONFIG}: not a .keras file"
+            )
         plain = _WEIGHTS in names and _CONFIG in names and names <= {_CONFIG, _METADATA, _WEIGHTS}
         with index_weights.replacing_index(carry_sets=carry_sets):
             if not plain:

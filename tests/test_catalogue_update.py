@@ -201,6 +201,17 @@ def test_the_command_line_job_imports_neither_tensorflow_nor_keras(catalogue_mod
     assert tf.saved_model.load(str(base / "2")).signatures  # loads
 
 
+def _digest_holds(path):
+    """The version's table digest verifies (read_eligibility checks it) and
+    binds the fingerprint its table really has (derived here, the slow way),
+    which is the served index's catalogue."""
+    sets = read_eligibility(path)
+    ids, members = sets.catalogue.exclusion_table()
+    derived = MemberCatalogue.from_sorted(ids, members, sets.num_members).fingerprint
+    assert sets.catalogue.fingerprint == derived
+    assert derived == MemberCatalogue.from_index(read_served_index(path)).fingerprint
+
+
 def _items(path, name):
     sets = read_eligibility(path)
     members = np.flatnonzero(sets.contains(sets.set_id(name), np.arange(sets.num_members)))
@@ -230,6 +241,7 @@ def test_a_rule_landing_during_the_delta_job_is_kept(catalogue_model, tmp_path, 
                             remove_item_ids=ids[gone])  # fmt: skip
     assert (info.version, info.rebased_onto) == (3, (2,))
     np.testing.assert_array_equal(_items(base / "3", "fr"), np.sort(rule))
+    _digest_holds(base / "3")
     served = read_served_index(base / "3")
     assert set(served.lookup_item_ids(added).tolist()) == set(new_ids.tolist())
 
@@ -258,6 +270,7 @@ def test_a_delta_landing_during_a_rules_job_is_kept(catalogue_model, tmp_path, m
     # The rule over the new catalogue: removed items dropped out.
     still_there = np.setdiff1d(ids[:30], ids[gone])
     np.testing.assert_array_equal(_items(base / "3", "fr"), np.sort(still_there))
+    _digest_holds(base / "3")
     served = read_served_index(base / "3")
     assert served.num_sequences == len(rows) - len(gone) + len(added)
 

@@ -235,3 +235,24 @@ def test_a_load_that_replaces_the_index_leaves_it_unread(tmp_path, carry_sets, l
     # Outside the context a load reads everything again.
     again = beam_searches(saving.load_model(path))[0].constraint
     np.testing.assert_array_equal(again.index_arrays()["tokens"], index.arrays["tokens"])
+
+
+def test_replace_index_refuses_a_path_that_is_not_a_keras_file(tmp_path):
+    new = _index(16)
+    not_zip = tmp_path / "index.npy"
+    np.save(not_zip, np.arange(3))
+    no_config = tmp_path / "other.keras"
+    import zipfile
+
+    with zipfile.ZipFile(no_config, "w") as archive:
+        archive.writestr("model.weights.h5", b"")
+    for path, message in (
+        (tmp_path / "missing.keras", "not one"),
+        (not_zip, "not one"),
+        (no_config, "without Keras's config.json"),
+    ):
+        with pytest.raises(ValueError, match=f"`model`.*{message}"):
+            replace_index(path, new)
+        with pytest.raises(ValueError, match="`model`"):
+            replace_index(str(path), new)
+    assert sorted(os.listdir(tmp_path)) == ["index.npy", "other.keras"]  # nothing written

@@ -53,16 +53,17 @@ def check_is_model(path: str, command: str) -> None:
     raise UserError(f"{path}: not a .keras model (a zip without Keras's config.json)")
 
 
-def _load_model(path: str):
+def _load_model(path: str, carry_sets: bool | None = None):
+    """The model at `path`; with `carry_sets` (a bool) without its index,
+    which a new one replaces (`load_model_without_index`)."""
     from static_keras import saving
+    from static_keras.export.refresh import load_model_without_index
 
-    _load_model_check(path)
-    return saving.load_model(path)
-
-
-def _load_model_check(path: str) -> None:
     if not os.path.isfile(path):
         raise UserError(f"no such model file: {path}")
+    if carry_sets is None:
+        return saving.load_model(path)
+    return load_model_without_index(path, carry_sets=carry_sets)
 
 
 def _model_with_index(args, model_base_path=None):
@@ -74,7 +75,6 @@ def _model_with_index(args, model_base_path=None):
     (what `publish` rebases from when versions land meanwhile), or None."""
     from static_keras.export import replace_index
     from static_keras.export.model_layers import beam_searches
-    from static_keras.export.refresh import load_model_without_index
 
     # The index first: a wrong --index fails in a moment, not after the model loads.
     index = None
@@ -83,13 +83,9 @@ def _model_with_index(args, model_base_path=None):
             index = load_index(args.index)
     served = _served_sets(model_base_path)
     with stage(f"loading {args.model}"):
-        if index is None:
-            model = _load_model(args.model)
-        else:
-            # The model's own index is replaced: left unread, save what
-            # carries its sets over where no served version has any.
-            _load_model_check(args.model)
-            model = load_model_without_index(args.model, carry_sets=served is None)
+        # A model whose index is replaced leaves it unread, save what carries
+        # its sets over where no served version has any.
+        model = _load_model(args.model, None if index is None else served is None)
     searches = beam_searches(model)
     constraint = searches[0].constraint if len(searches) == 1 else None
     sets, source, based_on = None, "the model", None

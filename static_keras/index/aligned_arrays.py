@@ -60,7 +60,7 @@ def aligned_copy(array: np.ndarray) -> np.ndarray:
 
 def _carve(allocate, shape, dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
-    shape = tuple(int(x) for x in np.atleast_1d(shape)) if np.ndim(shape) else (int(shape),)
+    shape = tuple(int(x) for x in np.atleast_1d(shape))
     size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     raw = allocate(size + ALIGNMENT, np.uint8)
     start = -raw.ctypes.data % ALIGNMENT
