@@ -15,7 +15,7 @@ import os
 import time
 
 from static_keras.export.leftovers import DEFAULT_STALE_AFTER_SECONDS
-from static_keras.export.staging import new_version
+from static_keras.export.staging import check_version_arguments
 from static_keras.export.staging import newest_good_version  # noqa: F401 (re-exported)
 from static_keras.export.staging import publish_staged
 from static_keras.export.version_checks import list_versions
@@ -114,7 +114,7 @@ def publish(
     check_base_path(base)
     os.makedirs(base, exist_ok=True)
     existing = list_versions(base)
-    new_version(base, existing, version, keep)  # bad arguments fail before the export
+    check_version_arguments(base, version, keep)  # bad arguments fail before the export
     if based_on is not None and (
         isinstance(based_on, bool) or not isinstance(based_on, int) or based_on not in existing
     ):

@@ -103,7 +103,7 @@ def source_version_for(base: str, source_version, version, keep, why: str) -> tu
         existing = list_versions(base)  # published since we listed
     if source_version not in existing:
         raise ValueError(f"No version {source_version} under {base!r} (versions: {existing})")
-    new_version(base, existing, version, keep)
+    check_version_arguments(base, version, keep)
     return source_version, existing
 
 
@@ -122,19 +122,34 @@ def removed_source_is_a_conflict(source: str, version: int):
         ) from None
 
 
+def check_version_arguments(base: str, version, keep) -> None:
+    """Jobs call it at their start, so bad `version`/`keep` fail before any
+    work: a positive int (or None) for each, and a `version` given that no
+    existing or rejected directory has. The default number is not taken
+    here: another job may publish it while this one works, which is no
+    error (the number is taken under the lock, `new_version`)."""
+    if version is not None:
+        new_version(base, list_versions(base), version, keep)
+    else:
+        _check_keep(keep)
+
+
+def _check_keep(keep) -> None:
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise ValueError(f"`keep` must be a positive integer or None. Received: keep={keep!r}")
+
+
 def new_version(base: str, existing: list[int], version, keep) -> int:
-    """The version a job would take now (default: one above every version
-    ever seen, rejected ones moved out included), checked with `keep`: a
-    positive int that no existing or rejected directory has (numbers are
-    never reused). Jobs call it at their start to fail early on bad
-    arguments, and again under the lock, where the number is taken."""
+    """The version a job takes (the caller holds the lock; default: one
+    above every version ever seen, rejected ones moved out included),
+    checked with `keep`: a positive int that no existing or rejected
+    directory has (numbers are never reused)."""
     moved = list_quarantined(base)
     if version is None:
         version = max([*existing, *moved, 0]) + 1
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise ValueError(f"`version` must be a positive integer. Received: version={version!r}")
-    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
-        raise ValueError(f"`keep` must be a positive integer or None. Received: keep={keep!r}")
+    _check_keep(keep)
     target = os.path.join(base, str(version))
     if os.path.exists(target):
         raise ValueError(f"Version {version} already exists at {target!r}; versions are immutable")

@@ -232,6 +232,33 @@ def test_the_number_is_taken_at_the_rename_and_refusals_are_one_line(
     assert not [name for name in os.listdir(base) if name.startswith(".tmp-")]
 
 
+def test_a_version_published_while_a_job_starts_is_no_error(model_file, tmp_path, monkeypatch):
+    """The job lists the versions, then finds its source (a version check
+    that can take seconds); a rules job publishing meanwhile takes the number
+    this one would take now. That is no error (found by the soak): the
+    number is taken under the lock, and the job rebases onto the new version."""
+    from static_keras.export import staging
+
+    _, model = model_file
+    base = tmp_path / "recs"
+    publish(model, base, **WARMUP)
+    ids = _ids(_catalogue())
+    real = staging.newest_good_version
+    other_job = [lambda: refresh_eligibility(base, {"fr": ids[:4]})]
+
+    def slow_check(*args, **kwargs):
+        found = real(*args, **kwargs)
+        if other_job:
+            assert other_job.pop()().version == 2
+        return found
+
+    monkeypatch.setattr(staging, "newest_good_version", slow_check)
+    info = refresh_eligibility(base, {"in_stock": ids[:9]})
+    assert info.version == 3 and list_versions(base) == [1, 2, 3]
+    assert sorted(_members(base / "3", "in_stock")) == sorted(ids[:9])
+    assert sorted(_members(base / "3", "fr")) == sorted(ids[:4])
+
+
 def test_a_job_overtaken_again_and_again_still_publishes(model_file, tmp_path, monkeypatch):
     """Short jobs publishing while a job rebases: twice it rebases out of
     the lock, the third time holding it (no other job can land), so it ends."""
