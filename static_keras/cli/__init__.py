@@ -24,6 +24,7 @@ from static_keras.cli.output import UserError
 from static_keras.cli.output import quiet_tensorflow
 from static_keras.cli.output import served_error_message
 from static_keras.cli.parser import build_parser
+from static_keras.tensorflow_allocator import return_freed_memory
 
 __all__ = ["UserError", "build_parser", "main"]
 
@@ -42,6 +43,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if passed_on is not None:
         args.args = passed_on
+    # Before TensorFlow's first op: an unloaded version's memory goes back.
+    return_freed_memory()
     try:
         _check_input_files(args)
         if not args.verbose:
