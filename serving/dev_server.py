@@ -275,6 +275,6 @@ class DevServer:
 
     def predict(self, model, version, label, signature, inputs) -> tuple[int, dict]:
         """`(served version, outputs)`: one version answers the whole request."""
-        servable = self.manager(model).resolve(version, label)
-        outputs = servable.run(signature, inputs, max_batch_rows=self.limits.max_batch_rows)
-        return servable.version, outputs
+        with self.manager(model).serving(version, label) as servable:
+            outputs = servable.run(signature, inputs, max_batch_rows=self.limits.max_batch_rows)
+            return servable.version, outputs

@@ -70,14 +70,15 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         from tensorflow_serving.apis import predict_pb2
 
         spec = request.model_spec
-        servable = self.server.manager(spec.name).resolve(*_version_of(spec))
         inputs = {name: tensor_to_array(name, proto) for name, proto in request.inputs.items()}
-        outputs = servable.run(
-            spec.signature_name, inputs, max_batch_rows=self.server.limits.max_batch_rows
-        )
+        with self.server.manager(spec.name).serving(*_version_of(spec)) as servable:
+            outputs = servable.run(
+                spec.signature_name, inputs, max_batch_rows=self.server.limits.max_batch_rows
+            )
+            version = servable.version
         response = predict_pb2.PredictResponse()
         response.model_spec.name = spec.name
-        response.model_spec.version.value = servable.version
+        response.model_spec.version.value = version
         response.model_spec.signature_name = spec.signature_name or "serving_default"
         for name, value in outputs.items():
             response.outputs[name].CopyFrom(tf.make_tensor_proto(value))

@@ -173,12 +173,12 @@ def make_handler(server):
                 signature = body.get("signature_name") or signature
                 if not isinstance(signature, str):
                     raise ServingFailure("INVALID_ARGUMENT", "'signature_name' must be a string")
-            servable = server.manager(model).resolve(version, label)
-            specs = servable.input_specs(signature)
-            dtypes = {name: spec.dtype.as_numpy_dtype for name, spec in specs.items()}
-            inputs, row_form = parse_predict_body(body, dtypes)
-            outputs = servable.run(signature, inputs, max_batch_rows=limits.max_batch_rows)
-            headers = {VERSION_HEADER: str(servable.version)}
+            with server.manager(model).serving(version, label) as servable:
+                specs = servable.input_specs(signature)
+                dtypes = {name: spec.dtype.as_numpy_dtype for name, spec in specs.items()}
+                inputs, row_form = parse_predict_body(body, dtypes)
+                outputs = servable.run(signature, inputs, max_batch_rows=limits.max_batch_rows)
+                headers = {VERSION_HEADER: str(servable.version)}
             return 200, predict_answer(outputs, row_form), headers
 
     return Handler

@@ -5,13 +5,19 @@ and warmed up (`load_servable`) before the old one is unloaded, so a swap
 never leaves a gap, and a version that fails to load or warm up is rejected
 while the old one keeps serving. Where the real server's `latest` policy
 serves nothing because the newest version fails (after a restart), this one
-serves the newest version that loads. An unloaded version's memory is
-returned (`release_memory`). Every load, rejection, swap and unload is
+serves the newest version that loads. As the real server holds a version
+until the last request that resolved it ends (its `ServableHandle`s), an
+unloaded version's memory is returned (`release_memory`) once its requests
+in flight have ended: a request still running on it would keep the old
+index alive past the collection, in reference cycles that nothing collects
+until much later (the server's RSS was that of two versions after a swap
+under load). Every load, rejection, swap and unload is
 logged on the `static_keras.serving` logger.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -25,6 +31,9 @@ from static_keras.serving.status import ServingFailure
 from static_keras.serving.versions import list_versions
 
 logger = logging.getLogger("static_keras.serving")
+
+#: How long an unload waits for the requests still running on the old version.
+DRAIN_SECONDS = 60.0
 
 
 class VersionManager:
@@ -42,6 +51,8 @@ class VersionManager:
         self.config = config
         self.xla_enabled = xla_enabled
         self._lock = threading.Lock()
+        self._drained = threading.Condition(self._lock)  # a request ended
+        self._in_flight: dict[int, int] = {}  # id(servable) -> requests running on it
         self._served: dict[int, Servable] = {}
         self._status: dict[int, tuple[str, str]] = {}  # version -> (state, error)
         self._failed: dict[int, float] = {}  # version -> mtime of the failed dir
@@ -112,13 +123,26 @@ class VersionManager:
         return True
 
     def _unload(self, versions: list[int]) -> None:
-        """Drops every reference to `versions`, then returns their memory."""
+        """Drops every reference to `versions`, waits for their requests in
+        flight, then returns their memory."""
         if not versions:
             return
+        unloaded = []
         for version in versions:
             self._set_status(version, "UNLOADING", "")
             with self._lock:
-                del self._served[version]
+                unloaded.append(self._served.pop(version))
+
+        def running() -> list[int]:
+            return [servable.version for servable in unloaded if self._in_flight.get(id(servable))]
+
+        with self._lock:
+            if not self._drained.wait_for(lambda: not running(), timeout=DRAIN_SECONDS):
+                logger.warning(
+                    "model %s: requests still running on versions %s after %.0f s; their "
+                    "memory is returned when they end", self.config.name, running(), DRAIN_SECONDS,
+                )  # fmt: skip
+        unloaded.clear()  # the last references: the memory can go back
         release_memory()
         for version in versions:
             self._set_status(version, "END", "")
@@ -131,10 +155,30 @@ class VersionManager:
         with self._lock:
             self._status[version] = (state, error)
 
+    @contextlib.contextmanager
+    def serving(self, version: int | None, label: str | None):
+        """The servable a request for `version` or `label` (or the latest)
+        runs on, held until the request ends (an unload waits for it)."""
+        with self._lock:
+            servable = self._resolve(dict(self._served), version, label)
+            self._in_flight[id(servable)] = self._in_flight.get(id(servable), 0) + 1
+        try:
+            yield servable
+        finally:
+            with self._lock:
+                left = self._in_flight.pop(id(servable)) - 1
+                if left:
+                    self._in_flight[id(servable)] = left
+                self._drained.notify_all()
+
     def resolve(self, version: int | None, label: str | None) -> Servable:
-        """The servable a request for `version` or `label` (or the latest) gets."""
+        """The servable a request for `version` or `label` (or the latest)
+        gets now (a request runs on it inside `serving`)."""
         with self._lock:
             served = dict(self._served)
+        return self._resolve(served, version, label)
+
+    def _resolve(self, served: dict, version: int | None, label: str | None) -> Servable:
         name = self.config.name
         if label is not None:
             if label not in self.config.labels:

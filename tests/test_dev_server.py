@@ -244,6 +244,32 @@ def test_an_unloaded_version_is_freed(small_model, tmp_path):
         assert len(refs) > 10 and [ref for ref in refs if ref() is not None] == []
 
 
+def test_an_unload_waits_for_requests_in_flight_then_frees(small_model, tmp_path):
+    """A request still running on the old version when the new one is up:
+    the unload waits for it (TF Serving's handles), then frees the version
+    at once, without waiting for a later garbage collection."""
+    _, model = small_model
+    base = tmp_path / "recs"
+    publish(model, base, warmup_batch_sizes=(1,))
+    with DevServer([ServedModel("recs", str(base))], poll_seconds=0.05) as server:
+        manager = server.manager("recs")
+        with manager.serving(None, None) as old:  # a request in flight on version 1
+            refs = [weakref.ref(old), weakref.ref(old.loaded)]
+            refs += [weakref.ref(h) for h in old.signatures["serving_default"].captured_inputs]
+            publish(model, base, warmup_batch_sizes=(1,))
+            server.wait_for_version("recs", 2)
+            time.sleep(0.5)  # several polls: the unload is waiting
+            assert manager.status(1, None)[0][1] == "UNLOADING"
+            answer = old.run("serving_default", {"history": histories(1)})  # still runs
+            assert answer["item_ids"].shape[0] == 1
+            del old
+        deadline = time.monotonic() + 60
+        while manager.status(1, None)[0][1] != "END" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert manager.status(1, None)[0][1] == "END"
+        assert len(refs) > 10 and [ref for ref in refs if ref() is not None] == []
+
+
 def test_xla_versions_rejected_unless_enabled(small_model, tmp_path):
     _, model = small_model
     publish(model, tmp_path / "recs", xla=True, warmup_batch_sizes=(1,))
