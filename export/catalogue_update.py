@@ -61,6 +61,7 @@ from static_keras.index import dense_eligibility
 from static_keras.index import dense_fields
 from static_keras.index import eligibility_bits
 from static_keras.index.catalogue_delta import apply_delta_with_member_map
+from static_keras.index.catalogue_delta import catalogue_after_delta
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.headroom import CapacityError
 from static_keras.index.layout import IndexLayout
@@ -268,6 +269,8 @@ def _new_tensors(source: str, delta: dict, add_to_sets) -> dict:
             "delta was computed against another catalogue; compute it against this one"
         )
     served, sets = _read_served(source, metadata, info)
+    # The served table's members, for the new table by a merge (no sort).
+    served_table = None if sets is None else sets.catalogue.exclusion_table()[1]
     # The served arrays are freed once the merge has read them, before the
     # new ones are built (the catalogue keeps the item ids it needs).
     index, old_members, new_members = apply_delta_with_member_map(
@@ -302,8 +305,11 @@ def _new_tensors(source: str, delta: dict, add_to_sets) -> dict:
         # is dropped before the new one is sorted (one at a time in memory).
         names = sets.names
         moved = [new_members[sets.contains(row, old_members)] for row in range(sets.num_sets)]
-        del old_members, new_members, sets
-        catalogue = MemberCatalogue.from_index(index)
+        del sets
+        catalogue = catalogue_after_delta(
+            served_table, old_members, new_members, arrays[layout.member_ids_array]
+        )
+        del old_members, new_members, served_table
         words, directory = eligibility_bits.pack_sets(moved, catalogue.num_members)
         sets = EligibilitySets(names, words, directory, catalogue)
         del moved

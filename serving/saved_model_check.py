@@ -63,6 +63,40 @@ def _constant_sizes(meta_graph):
             yield node.name, len(tensor.tensor_content) + len(tensor.string_val)
 
 
+def _serving_meta_graph(path: str):
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto_path = os.path.join(path, "saved_model.pb")
+    if not os.path.isfile(proto_path):
+        raise SavedModelCheckError(f"{path!r} is not a SavedModel (no saved_model.pb)")
+    saved_model = saved_model_pb2.SavedModel()
+    with open(proto_path, "rb") as file:
+        saved_model.ParseFromString(file.read())
+    serve = [m for m in saved_model.meta_graphs if "serve" in m.meta_info_def.tags]
+    if not serve:
+        raise SavedModelCheckError(f"{path!r} has no MetaGraph tagged 'serve'")
+    return serve[0]
+
+
+def _needs_xla(xla: list[str]) -> str:
+    return (
+        f"{len(xla)} function(s) need XLA ({', '.join(xla[:3])}), but XLA is disabled: "
+        "a stock TF Serving fails every request with 'XLA compilation disabled'. "
+        "Export with xla=False, or start the server with "
+        "--xla_cpu_compilation_enabled=true (CPU) / --xla_gpu_compilation_enabled=true (GPU)"
+    )
+
+
+def check_runs_without_xla(path: str | os.PathLike) -> None:
+    """Raises `SavedModelCheckError` when a function of the SavedModel at
+    `path` only runs under XLA: what a server started without XLA refuses.
+    Reads the graph only (milliseconds), not the variables."""
+    path = os.fspath(path)
+    xla = _xla_functions(_serving_meta_graph(path))
+    if xla:
+        raise SavedModelCheckError(f"{path!r} failed its serving checks:\n- {_needs_xla(xla)}")
+
+
 def check_saved_model(
     path: str | os.PathLike,
     *,
@@ -93,20 +127,9 @@ def check_saved_model(
         SavedModelCheckError: naming every problem found.
     """
     import tensorflow as tf
-    from tensorflow.core.protobuf import saved_model_pb2
 
     path = os.fspath(path)
-    proto_path = os.path.join(path, "saved_model.pb")
-    if not os.path.isfile(proto_path):
-        raise SavedModelCheckError(f"{path!r} is not a SavedModel (no saved_model.pb)")
-    saved_model = saved_model_pb2.SavedModel()
-    with open(proto_path, "rb") as file:
-        saved_model.ParseFromString(file.read())
-    serve = [m for m in saved_model.meta_graphs if "serve" in m.meta_info_def.tags]
-    if not serve:
-        raise SavedModelCheckError(f"{path!r} has no MetaGraph tagged 'serve'")
-    meta_graph = serve[0]
-
+    meta_graph = _serving_meta_graph(path)
     problems = []
     signatures = tuple(k for k in meta_graph.signature_def if not k.startswith("__"))
     if "serving_default" not in signatures:
@@ -114,12 +137,7 @@ def check_saved_model(
 
     xla = _xla_functions(meta_graph)
     if xla and not xla_enabled:
-        problems.append(
-            f"{len(xla)} function(s) need XLA ({', '.join(xla[:3])}), but XLA is disabled: "
-            "a stock TF Serving fails every request with 'XLA compilation disabled'. "
-            "Export with xla=False, or start the server with "
-            "--xla_cpu_compilation_enabled=true (CPU) / --xla_gpu_compilation_enabled=true (GPU)"
-        )
+        problems.append(_needs_xla(xla))
 
     largest = 0
     for name, size in _constant_sizes(meta_graph):

@@ -116,14 +116,14 @@ def load_servable(path: str | os.PathLike, version: int, *, xla_enabled: bool = 
     import tensorflow as tf
 
     from static_keras.serving.saved_model_check import SavedModelCheckError
-    from static_keras.serving.saved_model_check import check_saved_model
+    from static_keras.serving.saved_model_check import check_runs_without_xla
     from static_keras.serving.warmup import WARMUP_FILENAME
     from static_keras.serving.warmup import read_warmup_requests
 
     path = os.fspath(path)
     if not xla_enabled:
         try:
-            check_saved_model(path, max_constant_bytes=2**62, duplicate_min_bytes=2**62)
+            check_runs_without_xla(path)
         except SavedModelCheckError as error:
             raise RuntimeError(
                 f"{error} (XLA compilation disabled: start with --xla_cpu_compilation_enabled)"

@@ -15,6 +15,8 @@ import pytest
 from static_keras import StaticIndex
 from static_keras.index.catalogue_delta import apply_delta
 from static_keras.index.catalogue_delta import apply_delta_with_member_map
+from static_keras.index.catalogue_delta import catalogue_after_delta
+from static_keras.index.eligibility import MemberCatalogue
 from static_keras.index.headroom import CapacityError
 
 VOCAB, LENGTH = 6, 4
@@ -84,6 +86,14 @@ def test_random_deltas_equal_the_full_build(dense_levels, room):
         np.testing.assert_array_equal(got.arrays[leaf][new_members],
                                       served.arrays[leaf][old_members])  # fmt: skip
         assert old_members.size == keep.size
+        # The new exclusion table by a merge equals the one sorted afresh.
+        table = MemberCatalogue.from_index(served).exclusion_table()[1]
+        ids = got.archive_arrays()[got.layout.member_ids_array]
+        merged = catalogue_after_delta(table, old_members, new_members, ids)
+        want = MemberCatalogue.from_index(got)
+        for got_part, want_part in zip(merged.exclusion_table(), want.exclusion_table()):
+            np.testing.assert_array_equal(got_part, want_part)
+        assert merged.fingerprint == want.fingerprint
 
 
 def test_duplicate_semantic_ids_follow_the_build_policy():

@@ -199,6 +199,57 @@ def apply_delta_with_member_map(
     return StaticIndex(new_layout, arrays), kept, new_members
 
 
+def catalogue_after_delta(
+    served_table_members, old_members, new_members, member_item_ids
+) -> MemberCatalogue:
+    """The catalogue of a delta's new index from the served one's exclusion
+    table, by a merge: no sort of the N item ids (1.5 s of a 2x10^7 job).
+
+    Args:
+        served_table_members: int `[served members]`: the served exclusion
+            table's members (`MemberCatalogue.exclusion_table()[1]`: ids
+            ascending, ties by member).
+        old_members, new_members: int: served member `old_members[i]` is
+            member `new_members[i]` of the new index
+            (`apply_delta_with_member_map`); the order of kept members is
+            kept, so the kept entries stay sorted.
+        member_item_ids: int64 `[new members]`: the new index's item id of
+            each member (`NO_ITEM` for a slot with no item).
+
+    Returns:
+        The `MemberCatalogue` that `MemberCatalogue.from_index` gives for the
+        new index (the same table), bound to `member_item_ids`.
+    """
+    ids = np.asarray(member_item_ids)
+    count = ids.size
+    member_dtype = np.int32 if count < 2**31 else np.int64
+    table = np.asarray(served_table_members)
+    remap = np.full(max(int(table.max(initial=-1)) + 1, 0), -1, member_dtype)
+    remap[old_members] = new_members
+    kept = remap[table]  # in table order
+    del remap
+    kept = kept[kept >= 0]
+    # The other members: the added items, and the slots with no item.
+    covered = np.zeros(count, bool)
+    covered[kept] = True
+    rest = np.flatnonzero(~covered).astype(member_dtype)
+    del covered
+    rest_ids = ids[rest]
+    empty = rest[rest_ids == NO_ITEM]
+    added = rest[rest_ids != NO_ITEM]
+    added = added[np.argsort(ids[added], kind="stable")]
+    kept_ids = ids[kept]
+    added_ids = ids[added]
+    # No added id equals a kept one (`apply_delta` refuses it), so a left
+    # search places each added entry exactly.
+    at = np.searchsorted(kept_ids, added_ids, side="left")
+    table_ids = np.concatenate([np.full(empty.size, NO_ITEM, np.int64),
+                                np.insert(kept_ids, at, added_ids)])  # fmt: skip
+    del kept_ids
+    table_members = np.concatenate([empty, np.insert(kept, at, added)])
+    return MemberCatalogue.from_sorted(table_ids, table_members, count, member_item_ids=ids)
+
+
 class _Levels:
     """The served trie level by level. Depth u's nodes are numbered in leaf
     order; `tokens[u]` is the last token of each, and `first_child(u, j)`
