@@ -194,8 +194,10 @@ def update_catalogue(
     state = {"source": source_version}
     # The new tensors are computed before anything is staged: a bad delta
     # or one beyond the capacities writes nothing.
+    source = os.path.join(base, str(source_version))
     with stage(f"merging the delta into the index of version {source_version}"):
-        state["tensors"] = _new_tensors(os.path.join(base, str(source_version)), delta, add_to_sets)
+        with removed_source_is_a_conflict(source, source_version):
+            state["tensors"] = _new_tensors(source, delta, add_to_sets)
 
     def write(staging):
         source = os.path.join(base, str(state["source"]))
@@ -269,8 +271,6 @@ def _new_tensors(source: str, delta: dict, add_to_sets) -> dict:
             "delta was computed against another catalogue; compute it against this one"
         )
     served, sets = _read_served(source, metadata, info)
-    # The served table's members, for the new table by a merge (no sort).
-    served_table = None if sets is None else sets.catalogue.exclusion_table()[1]
     # The served arrays are freed once the merge has read them, before the
     # new ones are built (the catalogue keeps the item ids it needs).
     index, old_members, new_members = apply_delta_with_member_map(
@@ -306,6 +306,11 @@ def _new_tensors(source: str, delta: dict, add_to_sets) -> dict:
         names = sets.names
         moved = [new_members[sets.contains(row, old_members)] for row in range(sets.num_sets)]
         del sets
+        # The new table by a merge of the served one (no sort), read again
+        # now rather than held through the merge (the job's peak).
+        keys = [checkpoint_key(TABLES_ATTRIBUTE, name) for name in (TABLE_IDS, TABLE_MEMBERS)]
+        table = checkpoint_patch.read_tensors(checkpoint_prefix(source), keys)
+        served_table = tuple(table.pop(key) for key in keys)
         catalogue = catalogue_after_delta(
             served_table, old_members, new_members, arrays[layout.member_ids_array]
         )

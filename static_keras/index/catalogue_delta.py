@@ -200,15 +200,16 @@ def apply_delta_with_member_map(
 
 
 def catalogue_after_delta(
-    served_table_members, old_members, new_members, member_item_ids
+    served_table, old_members, new_members, member_item_ids
 ) -> MemberCatalogue:
     """The catalogue of a delta's new index from the served one's exclusion
-    table, by a merge: no sort of the N item ids (1.5 s of a 2x10^7 job).
+    table, by a merge: no sort of the N item ids, no gather of them (the
+    served table gives the kept ids in order), a slice at a time.
 
     Args:
-        served_table_members: int `[served members]`: the served exclusion
-            table's members (`MemberCatalogue.exclusion_table()[1]`: ids
-            ascending, ties by member).
+        served_table: `(ids, members)`: the served exclusion table
+            (`MemberCatalogue.exclusion_table()`: ids ascending, ties by
+            member).
         old_members, new_members: int: served member `old_members[i]` is
             member `new_members[i]` of the new index
             (`apply_delta_with_member_map`); the order of kept members is
@@ -223,30 +224,48 @@ def catalogue_after_delta(
     ids = np.asarray(member_item_ids)
     count = ids.size
     member_dtype = np.int32 if count < 2**31 else np.int64
-    table = np.asarray(served_table_members)
-    remap = np.full(max(int(table.max(initial=-1)) + 1, 0), -1, member_dtype)
+    served_ids, served_members = (np.asarray(part) for part in served_table)
+    remap = np.full(max(int(served_members.max(initial=-1)) + 1, 0), -1, member_dtype)
     remap[old_members] = new_members
-    kept = remap[table]  # in table order
-    del remap
-    kept = kept[kept >= 0]
-    # The other members: the added items, and the slots with no item.
+    # The other members of the new index: added items, and slots with no item.
     covered = np.zeros(count, bool)
-    covered[kept] = True
+    covered[new_members] = True
     rest = np.flatnonzero(~covered).astype(member_dtype)
     del covered
     rest_ids = ids[rest]
     empty = rest[rest_ids == NO_ITEM]
     added = rest[rest_ids != NO_ITEM]
+    del rest, rest_ids
     added = added[np.argsort(ids[added], kind="stable")]
-    kept_ids = ids[kept]
     added_ids = ids[added]
-    # No added id equals a kept one (`apply_delta` refuses it), so a left
-    # search places each added entry exactly.
-    at = np.searchsorted(kept_ids, added_ids, side="left")
-    table_ids = np.concatenate([np.full(empty.size, NO_ITEM, np.int64),
-                                np.insert(kept_ids, at, added_ids)])  # fmt: skip
-    del kept_ids
-    table_members = np.concatenate([empty, np.insert(kept, at, added)])
+    table_ids = np.empty(count, np.int64)
+    table_members = np.empty(count, member_dtype)
+    table_ids[: empty.size], table_members[: empty.size] = NO_ITEM, empty
+    body_ids, body_members = table_ids[empty.size :], table_members[empty.size :]
+    # The kept entries, in table order, packed at the front of the body.
+    kept = 0
+    for start in range(0, served_ids.size, _SLICE):
+        new = remap[served_members[start : start + _SLICE]]
+        keep = new >= 0
+        size = int(np.count_nonzero(keep))
+        body_ids[kept : kept + size] = served_ids[start : start + _SLICE][keep]
+        body_members[kept : kept + size] = new[keep]
+        kept += size
+    del remap
+    # No added id equals a kept one (`apply_delta` refuses it): a left search
+    # places each added entry; kept entry i moves up by the added entries
+    # placed at or before it, the last slice first (nothing unread is
+    # overwritten: the moves only go up, and targets increase).
+    at = np.searchsorted(body_ids[:kept], added_ids, side="left")
+    for start in reversed(range(0, kept, _SLICE)):
+        where = np.arange(start, min(start + _SLICE, kept))
+        shift = np.searchsorted(at, where, side="right")
+        if not shift[-1]:
+            break  # no added entry before this slice, nor before any earlier one
+        part_ids, part_members = body_ids[where].copy(), body_members[where].copy()
+        body_ids[where + shift], body_members[where + shift] = part_ids, part_members
+    placed = at + np.arange(added.size)
+    body_ids[placed], body_members[placed] = added_ids, added
     return MemberCatalogue.from_sorted(table_ids, table_members, count, member_item_ids=ids)
 
 
