@@ -112,18 +112,25 @@ def read_tensors(prefix: str, keys, dtypes=None) -> dict[str, np.ndarray]:
 
 def _read_array(file, size: int, stored: np.dtype, target: np.dtype):
     """`(array of `target`, CRC-32C or None when short)` of `size` stored
-    bytes, read and converted a chunk at a time into a writable array."""
-    value = np.empty(size // stored.itemsize, target)
-    crc, done, step = 0, 0, _CHUNK * stored.itemsize
-    while done < size:
-        data = file.read(min(step, size - done))
-        if not data:
+    bytes, read a chunk at a time into a writable array: straight into it
+    when the dtypes agree, else through one reused chunk buffer (no fresh
+    buffer per chunk: this machine pays for every new page)."""
+    count = size // stored.itemsize
+    value = np.empty(count, target)
+    same = stored == target
+    buffer = None if same else np.empty(min(_CHUNK, count), stored)
+    crc, done = 0, 0
+    while done < count:
+        step = min(_CHUNK, count - done)
+        part = value[done : done + step] if same else buffer[:step]
+        if file.readinto(memoryview(part).cast("B")) != step * stored.itemsize:
             return value, None
-        crc = google_crc32c.extend(crc, data)
-        chunk = np.frombuffer(data, stored)
-        start = done // stored.itemsize
-        value[start : start + chunk.size] = chunk
-        done += len(data)
+        crc = google_crc32c.extend(crc, part.view(np.uint8))  # an array: no copy
+        if not same:
+            value[done : done + step] = part
+        done += step
+    if count * stored.itemsize != size:
+        return value, None
     return value, crc
 
 
@@ -141,7 +148,8 @@ def verify_tensors(prefix: str, keys) -> None:
         crc, left = 0, entry["size"]
         path = _shard(prefix, entry["shard_id"], header["num_shards"])
         for data in direct_io.read_chunks(path, entry["offset"], entry["size"]):
-            crc = google_crc32c.extend(crc, bytes(data))  # it takes bytes only
+            # It takes bytes or an array, not a memoryview: a view, no copy.
+            crc = google_crc32c.extend(crc, np.frombuffer(data, np.uint8))
             left -= len(data)
         if left or mask_crc32c(crc) != entry["crc32c"]:
             raise ValueError(f"{prefix}: tensor {key!r} does not match its checksum (corrupt)")
