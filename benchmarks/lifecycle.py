@@ -1069,6 +1069,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> list[dict]:
     args = build_parser().parse_args(argv)
+    if args.job or args.child:
+        # As the static-keras commands do: freed tensors go back to the system
+        # (TensorFlow's default pool kept the 10^8 publish's 19 GB resident
+        # beside the server it then starts).
+        from static_keras.tensorflow_allocator import return_freed_memory
+
+        return_freed_memory()
     if args.job:
         job_main(args)
         return []
