@@ -136,31 +136,21 @@ def _read_array(file, size: int, stored: np.dtype, target: np.dtype):
 
 def verify_tensors(prefix: str, keys) -> None:
     """Reads the bytes of tensors `keys` of checkpoint `prefix` back, a
-    chunk at a time through one reused buffer, and checks each against its
-    stored CRC-32C as TensorFlow's reader does (no array is built).
-    ValueError naming the first tensor that does not match.
-
-    The tensors were written past the page cache (`direct_io`), so none of
-    their pages is cached and these reads come from the disk: the bytes a
-    server will load. Read through the cache, they stay there for the
-    server's load and the next job, which otherwise read them from the disk
-    again."""
+    chunk at a time, and checks each against its stored CRC-32C as
+    TensorFlow's reader does (no array is built). ValueError naming the
+    first tensor that does not match."""
     header, entries = _read_index(prefix)
-    buffer = np.empty(_CHUNK * 4, np.uint8)
     for key in keys:
         entry = entries.get(key)
         if entry is None:
             raise ValueError(f"{prefix} has no tensor {key!r}")
+        # From the disk, not the page cache: the bytes a server will load.
         crc, left = 0, entry["size"]
         path = _shard(prefix, entry["shard_id"], header["num_shards"])
-        with open(path, "rb", buffering=0) as file:
-            file.seek(entry["offset"])
-            while left:
-                got = file.readinto(memoryview(buffer)[: min(buffer.size, left)])
-                if not got:
-                    break
-                crc = google_crc32c.extend(crc, buffer[:got])  # an array: no copy
-                left -= got
+        for data in direct_io.read_chunks(path, entry["offset"], entry["size"]):
+            # It takes bytes or an array, not a memoryview: a view, no copy.
+            crc = google_crc32c.extend(crc, np.frombuffer(data, np.uint8))
+            left -= len(data)
         if left or mask_crc32c(crc) != entry["crc32c"]:
             raise ValueError(f"{prefix}: tensor {key!r} does not match its checksum (corrupt)")
 

@@ -1,15 +1,14 @@
-"""Large sequential writes that skip the page cache.
+"""Large sequential writes and read-backs that skip the page cache.
 
 A job writes a version's changed tensors once (about 1 GB at 2 x 10^7 items)
-and reads them back once against their checksums (through the cache, which
-then holds them for the server's load). Written through the page cache, the
-kernel first finds a GB of fresh cache pages and then throttles the writer
-while they are written back: on the 2-core benchmark machine a 1 GiB
-buffered write took 3.8-5.6 s, the same bytes with `O_DIRECT` 0.36-0.52 s
-(docs/benchmarks.md, "Catalogue deltas"). `O_DIRECT` moves the bytes from
-one reused page-aligned buffer to the disk. Where a filesystem refuses it
-(tmpfs, some network filesystems) the same calls go through the page cache:
-slower, never different bytes.
+and reads them back once against their checksums; nothing in the job reads
+them again. Through the page cache the kernel first finds a GB of fresh
+cache pages and then throttles the writer while they are written back: on
+the 2-core benchmark machine a 1 GiB buffered write took 3.8-5.6 s, the same
+bytes with `O_DIRECT` 0.36-0.52 s (docs/benchmarks.md, "Catalogue deltas").
+`O_DIRECT` moves the bytes between one reused page-aligned buffer and the
+disk. Where a filesystem refuses it (tmpfs, some network filesystems) the
+same calls go through the page cache: slower, never different bytes.
 """
 
 from __future__ import annotations
@@ -85,3 +84,27 @@ class SequentialWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def read_chunks(path: str, offset: int, size: int):
+    """Yields the bytes `[offset, offset + size)` of `path` as read-only
+    memoryviews (valid until the next one), read from the disk where the
+    filesystem allows it, not from the page cache. Stops early at the end
+    of the file (the caller sees the short count)."""
+    fd, direct = _open(path, os.O_RDONLY)
+    buffer = mmap.mmap(-1, _BUFFER_BYTES)
+    try:
+        start = offset - offset % _BLOCK if direct else offset
+        skip = offset - start
+        left = size
+        while left > 0:
+            got = os.preadv(fd, [buffer], start)
+            if got <= skip:
+                return
+            take = min(got - skip, left)
+            yield memoryview(buffer)[skip : skip + take].toreadonly()
+            left -= take
+            start += got
+            skip = 0
+    finally:
+        os.close(fd)  # the buffer is unmapped once the last view is dropped

@@ -1,4 +1,4 @@
-"""Writes that skip the page cache (export/direct_io.py):
+"""Writes and read-backs that skip the page cache (export/direct_io.py):
 the same bytes as a plain file, on a disk that takes O_DIRECT and on one
 that refuses it (tmpfs), at sizes and offsets that cross the buffer and
 block boundaries."""
@@ -43,6 +43,28 @@ def test_written_bytes_equal_the_input(tmp_path, size):
             assert writer.size == size
             with open(path, "rb") as file:
                 assert file.read() == data  # exact length: the padding cut off
+        finally:
+            os.remove(path)
+
+
+def test_read_chunks_returns_any_range(tmp_path):
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 256, 2 * _BUFFER + 12345, dtype=np.uint8).tobytes()
+    for folder in _folders(tmp_path):
+        path = os.path.join(folder, "direct_io_ranges")
+        try:
+            _write(path, [data])
+            for offset, size in [(0, len(data)), (1, 10), (4095, 4098), (_BUFFER - 7, _BUFFER),
+                                 (len(data) - 5, 5), (12345, 0)]:  # fmt: skip
+                got = b"".join(bytes(c) for c in direct_io.read_chunks(path, offset, size))
+                assert got == data[offset : offset + size]
+                # Chunks are read-only views.
+                for chunk in direct_io.read_chunks(path, offset, size):
+                    assert chunk.readonly
+                    break
+            # Past the end: short, never padding.
+            got = b"".join(bytes(c) for c in direct_io.read_chunks(path, len(data) - 3, 100))
+            assert got == data[-3:]
         finally:
             os.remove(path)
 
