@@ -301,8 +301,8 @@ def _new_tensors(source: str, delta: dict, add_to_sets) -> dict:
     sizes = {}
     added, removed = _count(delta["add_item_ids"]), _count(delta["remove_item_ids"])
     if sets is not None:
-        # Each set's kept members at their new places; the served catalogue
-        # is dropped before the new one is sorted (one at a time in memory).
+        # Each set's kept members at their new places; the served sets are
+        # dropped before the new table is built (one at a time in memory).
         names = sets.names
         moved = [new_members[sets.contains(row, old_members)] for row in range(sets.num_sets)]
         del sets

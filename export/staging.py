@@ -109,15 +109,15 @@ def source_version_for(base: str, source_version, version, keep, why: str) -> tu
 
 @contextlib.contextmanager
 def removed_source_is_a_conflict(source: str, version: int):
-    """A job's copy of version `source` that finds it removed (by another
-    job with a small `keep`) ends in one line, not a traceback."""
+    """A job reading or copying version `source` that finds it removed (by
+    another job with a small `keep`) ends in one line, not a traceback."""
     try:
         yield
     except FileNotFoundError:
         if os.path.isdir(source):
             raise
         raise PublishConflict(
-            f"version {version} was removed while this job copied it (by a job with a small "
+            f"version {version} was removed while this job read it (by a job with a small "
             "keep): nothing was published; rerun the job"
         ) from None
 

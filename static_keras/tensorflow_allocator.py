@@ -5,7 +5,7 @@ pool that keeps every freed buffer for reuse and never returns it to the
 system. A server that swaps versions therefore keeps the old version's
 index resident after unloading it: at 2x10^7 items, 2.06-2.16x the RSS of
 one version after a swap, 1.2 GB more (docs/benchmarks.md, "Server memory
-after a swap"). `TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1` keeps oneDNN's kernels
+and latency during a swap"). `TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1` keeps oneDNN's kernels
 and allocates through the system's `malloc`, so an unloaded version's
 buffers go back (large ones are `munmap`ed; `serving.servable.release_memory`
 trims the rest).

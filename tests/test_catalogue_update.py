@@ -312,6 +312,38 @@ def test_two_deltas_at_once_both_publish(catalogue_model, tmp_path, monkeypatch)
     assert list_versions(base)[-1] == 4
 
 
+def test_a_source_pruned_while_the_delta_reads_it_is_one_line(
+    catalogue_model, tmp_path, monkeypatch, capsys
+):
+    """A rules job with `--keep 1` publishes and removes the delta's source
+    while the delta reads it again after its merge (the served table): the
+    delta ends in one line, nothing published, the rule kept."""
+    from static_keras import cli
+    from static_keras.export import checkpoint_patch
+
+    rows, ids, _, _, model = catalogue_model
+    base = tmp_path / "recs"
+    publish(model, base, warmup_batch_sizes=(1,))
+    real, reads = checkpoint_patch.read_tensors, []
+
+    def pruned_before_the_second_read(*args, **kwargs):
+        reads.append(True)
+        if len(reads) == 2:  # the served table, read again after the merge
+            assert refresh_eligibility(base, {"fr": ids[:7]}, keep=1).version == 2
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_patch, "read_tensors", pruned_before_the_second_read)
+    np.save(tmp_path / "gone.npy", ids[:2])
+    command = ["update-catalogue", "--model-base-path", str(base), "--remove",
+               str(tmp_path / "gone.npy")]  # fmt: skip
+    assert cli.main(command) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "version 1 was removed while this job read it" in err
+    assert "nothing was published" in err
+    assert list_versions(base) == [2]
+    np.testing.assert_array_equal(_items(base / "2", "fr"), np.sort(ids[:7]))
+
+
 def test_bad_delta_files_are_one_line(catalogue_model, tmp_path, capsys):
     from static_keras import cli
 

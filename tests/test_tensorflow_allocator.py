@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from static_keras.cli import main
 from static_keras.tensorflow_allocator import SYSTEM_ALLOCATOR
@@ -18,11 +19,8 @@ from static_keras.tensorflow_allocator import return_freed_memory
 # A fresh process: creates a 256 MiB variable, frees it, and prints the RSS
 # given back (MiB). TensorFlow must not have run an op before the setting.
 _FREED = """
-import os, sys
-setting = sys.argv[1]
-if setting == "kit":
-    from static_keras.tensorflow_allocator import return_freed_memory
-    return_freed_memory()
+from static_keras.tensorflow_allocator import return_freed_memory
+return_freed_memory()
 import tensorflow as tf
 from static_keras.serving.servable import release_memory
 
@@ -38,22 +36,19 @@ print(held - rss())
 """
 
 
-def _freed_mib(setting: str) -> int:
+def _freed_mib() -> int:
     env = {k: v for k, v in os.environ.items() if k != SYSTEM_ALLOCATOR}
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    if setting == "0":
-        env[SYSTEM_ALLOCATOR] = "0"
-    done = subprocess.run([sys.executable, "-c", _FREED, setting], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", _FREED], env=env, capture_output=True,
                           text=True, timeout=300, check=True)  # fmt: skip
     return int(done.stdout.split()[-1])
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_freed_tensor_goes_back_to_the_system():
-    if not sys.platform.startswith("linux"):
-        return  # reads /proc
-    # TensorFlow 2.21's own default (setting "0") keeps the 256 MiB: what
-    # made servers grow. The kit's setting gives it back.
-    assert _freed_mib("kit") > 200
+    # TensorFlow 2.21's own default keeps the 256 MiB (what made servers
+    # grow); the kit's setting gives it back.
+    assert _freed_mib() > 200
 
 
 def test_the_setting_yields_to_the_users(monkeypatch):
