@@ -17,6 +17,7 @@ from static_keras.export.eligibility_refresh import read_eligibility
 from static_keras.export.eligibility_refresh import refresh_eligibility
 from static_keras.export.metadata import index_from_layer
 from static_keras.export.metadata import read_metadata
+from static_keras.export.publish import HandedOver
 from static_keras.export.publish import PublishInfo
 from static_keras.export.publish import newest_good_version
 from static_keras.export.publish import publish
@@ -42,6 +43,7 @@ __all__ = [
     "ELIGIBLE_SIGNATURE",
     "EligibilityRefreshInfo",
     "ExportInfo",
+    "HandedOver",
     "PublishInfo",
     "SavedModelCheckError",
     "check_saved_model",

@@ -522,6 +522,47 @@ def test_a_served_table_is_the_catalogue_it_was_made_from(kind, size, monkeypatc
     assert served._identity == own._identity == np.array_equal(ids, np.arange(size))
 
 
+@pytest.mark.parametrize("kind", ["identity", "dense", "sparse", "headroom", "repeats"])
+@pytest.mark.parametrize("served", [False, True])
+def test_carried_over_by_item_id_matches_the_oracle_across_chunks(kind, served, monkeypatch):
+    """`carried_over` walks the shared items a chunk at a time (a small chunk
+    here): a new member is eligible in a set exactly when its item id was
+    eligible in the old catalogue, whatever the catalogues' kinds (a table
+    gather, sorted ids, slots without an item, an id with several members,
+    the served table as a rules job reads it)."""
+    from static_keras.index import member_catalogue
+
+    monkeypatch.setattr(member_catalogue, "_SHARED_CHUNK", 7)
+    rng = np.random.default_rng(len(kind))
+    size = 300
+
+    def ids(seed):
+        r = np.random.default_rng(seed)
+        return {
+            "identity": np.arange(size),
+            "dense": r.permutation(size + 40)[:size],
+            "sparse": 10**12 + 3 * r.permutation(size + 80)[:size],
+            "headroom": np.where(r.random(size) < 0.2, -1, 10**9 + r.permutation(size)),
+            "repeats": r.integers(0, size // 3, size) * 1000,
+        }[kind]
+
+    old_ids, new_ids = ids(1), ids(2)
+    old = MemberCatalogue(old_ids, size)
+    if served:
+        old = MemberCatalogue.from_sorted(*old.exclusion_table(), size)
+    chosen = {
+        "a": rng.choice(old_ids[old_ids >= 0], size // 2),
+        "b": old_ids[old_ids >= 0][:5],
+    }
+    sets = EligibilitySets.build(old, chosen)
+    carried = sets.carried_over(MemberCatalogue(new_ids, size))
+    for name, eligible in chosen.items():
+        expected = np.isin(new_ids, eligible) & (new_ids >= 0)
+        got = carried.contains(carried.set_id(name), np.arange(size))
+        np.testing.assert_array_equal(got, expected)
+    assert carried.sizes() == {name: int(np.isin(new_ids, c).sum()) for name, c in chosen.items()}
+
+
 def test_a_table_out_of_order_is_refused():
     with pytest.raises(ValueError, match="sorted ascending"):
         MemberCatalogue.from_sorted(np.array([1, 3, 2, 4]), np.arange(4), 4)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import weakref
 
 import keras
 import numpy as np
@@ -63,6 +64,37 @@ def test_failed_export_publishes_nothing(small_model, tmp_path):
     assert os.listdir(base) == []
     info = publish(model, base, xla=True, warmup_batch_sizes=(1,))
     assert info.version == 1 and read_metadata(info.path)["xla"] is True
+
+
+def test_a_handed_over_model_is_freed_before_the_check_load(tmp_path, monkeypatch):
+    """`publish(HandedOver(model))`, as `static-keras publish` calls it: the
+    model (and the index its weights share) is gone when the export is
+    loaded to check it, and the version is the one a plain publish writes."""
+    from static_keras.export import HandedOver
+    from static_keras.export import version_checks
+
+    index = make_index(4)
+    checksum = index.checksum
+
+    def handed_over():  # no reference to the model outlives this call
+        model = make_model(index)
+        return HandedOver(model), weakref.ref(model)
+
+    model, alive = handed_over()
+    model_at_check = []
+    load_error = version_checks.load_error
+
+    def checked(*args):
+        model_at_check.append(alive())
+        return load_error(*args)
+
+    monkeypatch.setattr(version_checks, "load_error", checked)
+    info = publish(model, tmp_path / "recs", warmup_batch_sizes=(1,))
+    assert model_at_check == [None]
+    assert read_metadata(info.path)["indexes"][0]["checksum"] == checksum
+    with pytest.raises(ValueError, match="already exported and dropped"):
+        publish(model, tmp_path / "recs")
+    assert list_versions(tmp_path / "recs") == [1]
 
 
 def test_index_only_refresh_keeps_decoder_weights(tmp_path):

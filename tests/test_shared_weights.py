@@ -119,6 +119,23 @@ def test_the_build_allocates_its_large_arrays_aligned():
 
 
 @pytest.mark.skipif(not ON_TENSORFLOW, reason="TensorFlow shares host memory (DLPack)")
+def test_an_index_read_from_its_file_is_aligned_and_a_layer_shares_it(tmp_path):
+    """`StaticIndex.load` (what `static-keras publish --index` reads) fills
+    aligned buffers: the layer's weights take them as they are, where
+    NumPy's own read would cost a copy of every array (GBs at 10^8)."""
+    index = _index(4, headroom=0.1, dense_levels=1)
+    index.save(tmp_path / "index.npz")
+    loaded = StaticIndex.load(tmp_path / "index.npz")
+    assert loaded.checksum == index.checksum
+    for name, array in loaded.shared_arrays().items():
+        assert aligned_arrays.is_aligned(array), name
+        np.testing.assert_array_equal(array, index.shared_arrays()[name])
+    held = ConstrainedDecoding(loaded).index_arrays()
+    for name in ("tokens", "indptr", "leaf_item_ids"):
+        assert held[name].ctypes.data == loaded.shared_arrays()[name].ctypes.data, name
+
+
+@pytest.mark.skipif(not ON_TENSORFLOW, reason="TensorFlow shares host memory (DLPack)")
 def test_a_layer_holds_the_index_memory_and_reads_it_back_without_copies():
     index = _index(2, headroom=0.1, dense_levels=1)
     layer = ConstrainedDecoding(index, eligibility=_sets(index, 3))

@@ -164,9 +164,13 @@ def command_export(args) -> None:
 
 
 def command_publish(args) -> None:
+    from static_keras.export import HandedOver
     from static_keras.export import publish
 
     model, based_on = _model_with_index(args, args.model_base_path)
+    # Nothing else holds the model: `publish` frees it, and the index its
+    # weights share, once exported (before loading the export to check it).
+    model = HandedOver(model)
     with _publishing("publishing"):
         info = publish(
             model,

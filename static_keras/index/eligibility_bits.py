@@ -38,7 +38,13 @@ def pack(members: np.ndarray, num_members: int) -> tuple[np.ndarray, np.ndarray]
     size = words_per_set(num_members) * 32
     bits = np.zeros(size + 1, bool)
     bits[members] = True
-    words = np.packbits(bits[:size], bitorder="little").view("<u4").astype(np.uint32, copy=False)
+    return pack_bits(bits[:size])
+
+
+def pack_bits(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One set's `(words, directory)` from one bool per position, `W * 32`
+    of them (`words_per_set`; the positions from `num_members` on are False)."""
+    words = np.packbits(bits, bitorder="little").view("<u4").astype(np.uint32, copy=False)
     return words, rank_directory(words)
 
 

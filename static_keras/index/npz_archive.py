@@ -6,8 +6,10 @@ eligibility sets files (`index.eligibility`):
 
 - `write` writes a temporary file beside the target, fsyncs it and renames
   it, so a reader (a server polling a folder) never sees half a file;
-- `read` never unpickles (`allow_pickle=False`) and turns every way a file
-  can be broken into one `ValueError` that names the file;
+- `read` never unpickles (`allow_pickle=False`), turns every way a file
+  can be broken into one `ValueError` that names the file, and reads each
+  array into an aligned buffer (`aligned_arrays`: a layer's weights then
+  share it, where NumPy's own read would cost a copy of the index);
 - `check_document` and `check_arrays` check the format name and version,
   and every array's shape and dtype against what the layout needs;
 - `checksum` is the SHA-256 of a layout config and arrays.
@@ -25,7 +27,11 @@ import zipfile
 
 import numpy as np
 
+from static_keras.index import aligned_arrays
+
 _METADATA_KEY = "__metadata__"
+#: Bytes per read of an array from an archive.
+_READ_BYTES = 1 << 22
 
 
 def checksum(config: dict, arrays: dict[str, np.ndarray]) -> str:
@@ -71,7 +77,7 @@ def read(path, *, kind: str) -> tuple[dict[str, np.ndarray], dict | None]:
     try:
         # Open the file here so it is closed even when NumPy rejects it.
         with open(path, "rb") as file, np.load(file, allow_pickle=False) as archive:
-            arrays = {name: archive[name] for name in archive.files}
+            arrays = {name: _read_array(archive, name) for name in archive.files}
         raw = arrays.pop(_METADATA_KEY, None)
         document = None if raw is None else json.loads(raw.tobytes().decode())
     except ValueError as error:
@@ -87,6 +93,34 @@ def read(path, *, kind: str) -> tuple[dict[str, np.ndarray], dict | None]:
         # TypeError/AttributeError: a plain .npy, which is not an archive.
         raise _corrupt(path, kind, error) from None
     return arrays, document
+
+
+def _read_array(archive, name: str) -> np.ndarray:
+    """Array `name` of an open `.npz` read into an aligned buffer; through
+    NumPy's reader (which checks for pickles) where it is not a plain
+    C-order numeric array."""
+    member = name + ".npy" if name + ".npy" in archive.zip.namelist() else name
+    with archive.zip.open(member) as file:
+        version = np.lib.format.read_magic(file)
+        if version == (1, 0):
+            shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(file)
+        elif version == (2, 0):
+            shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(file)
+        else:
+            return archive[name]
+        if fortran_order or dtype.hasobject:
+            return archive[name]
+        array = aligned_arrays.empty(shape, dtype)
+        buffer = memoryview(array.reshape(-1).view(np.uint8))
+        filled = 0
+        while filled < len(buffer):
+            # A bounded read: a zip member's `readinto` reads into a
+            # temporary bytes object of the size asked for.
+            count = file.readinto(buffer[filled : filled + _READ_BYTES])
+            if not count:
+                raise EOFError(f"array {name!r} ends after {filled} of {len(buffer)} bytes")
+            filled += count
+    return array
 
 
 def _corrupt(path: str, kind: str, error: Exception) -> ValueError:
