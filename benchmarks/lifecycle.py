@@ -331,6 +331,7 @@ class Load:
         self.answers = []  # (version, signature, item ids, end time)
         self.failures = []  # (signature, message)
         self.max_latency = 0.0
+        self.timeline = []  # (end time, seconds) of every request: when the slow ones were
         self.first = {}  # (version, signature) -> perf_counter of its first answer
         self.completed = [0] * len(self.kinds)
         self._stop.clear()
@@ -374,6 +375,7 @@ class Load:
                 with self.lock:
                     self.answers.append((version, signature, items))
                     self.max_latency = max(self.max_latency, end - start)
+                    self.timeline.append((end, end - start))
                     self.first.setdefault((version, signature), end)
                     self.completed[i] += 1
                 if self.pause_s:

@@ -19,7 +19,9 @@ only after most of an hour of building.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
+import re
 import sys
 import tempfile
 import time
@@ -34,6 +36,21 @@ from benchmarks.decoding import common  # noqa: E402
 
 def newest_version(base: str) -> int:
     return max(int(name) for name in os.listdir(base) if name.isdigit())
+
+
+def server_events(log: str, since: float) -> list[str]:
+    """The server's load, swap and unload lines, in seconds from `since`
+    (a `time.time()`), to set beside the slow requests."""
+    events = []
+    for stamp, message in re.findall(
+        r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ static_keras\.serving: (.*)$",
+        log,
+        flags=re.M,
+    ):
+        when = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        if when >= since - 1:
+            events.append(f"  server at {when - since:+6.1f} s: {message}")
+    return events
 
 
 def main(argv=None) -> dict:
@@ -74,7 +91,7 @@ def main(argv=None) -> dict:
         load = lifecycle.Load(server.address, requests, threads=3, pause_s=0.05)
         load.start()
         time.sleep(2.0)  # steady traffic before the job
-        started = time.perf_counter()
+        started, started_wall = time.perf_counter(), time.time()
         job_peak, job_seconds, output = job_memory.run_once(None, job)
         new = newest_version(base)
         while load.first_answer(new) is None:
@@ -94,11 +111,16 @@ def main(argv=None) -> dict:
             "first_answer_s": round(first, 2),
             "server_load_s": server.load_seconds(new),
             "max_latency_ms": round(1e3 * load.max_latency, 1),
+            # When the requests above 1 s ended, from the job's start: in the
+            # job, the server's load and warmup, or the old version's unload.
+            "slow_ends_s": [round(end - started, 1) for end, s in load.timeline if s > 1.0],
             "requests": len(load.answers) + failed,
             "failed": failed,
             "server_rss_mib": round(lifecycle.rss(server.pid) / 2**20),
         }
         print(output.strip()[-800:])
+        for line in server_events(server.log(), started_wall):
+            print(line)
         print(result)
         print(common.machine_line())
         return result

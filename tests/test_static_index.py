@@ -1014,3 +1014,28 @@ def test_vocab_above_uint16():
     index = StaticIndex.build(rows, vocab)
     oracle = TrieOracle(rows, vocab)
     check_against_oracle(index, oracle, rows, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize(
+    "vocab_size, length, n",
+    [(2**20, 6, 500), (2**31 - 1, 4, 500), (16, 3, 400), (2048, 8, 3000)],
+)
+def test_rows_sort_as_python_sorts_them_with_ties_on_the_first_tokens(vocab_size, length, n):
+    """The build's sort: one sort of (first tokens, row number) keys, then
+    the rows tied on those tokens ordered by the rest. Few distinct first
+    tokens and a narrow rest make many ties and duplicate rows; duplicates
+    keep input order (the duplicate-item policies depend on it)."""
+    from static_keras.index import builder
+
+    rng = np.random.default_rng(length)
+    prefixes = rng.integers(0, vocab_size, (7, 2))
+    rows = np.concatenate(
+        [prefixes[rng.integers(0, 7, n)], rng.integers(0, min(vocab_size, 5), (n, length - 2))],
+        axis=1,
+    ).astype(np.int32)
+    order, columns = builder._sorted_rows(rows, vocab_size)
+    expected = sorted(range(n), key=lambda i: (tuple(rows[i]), i))
+    assert order.tolist() == expected
+    for t, column in enumerate(columns):
+        assert column.dtype == rows.dtype
+        np.testing.assert_array_equal(column, rows[expected, t])

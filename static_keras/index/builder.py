@@ -36,62 +36,67 @@ _FREE_DENSE_BYTES = 2**20
 #: "auto" takes a dense level only while at least 1/_MIN_DENSE_FILL of the
 #: `V**d` entries of its state map are real states.
 _MIN_DENSE_FILL = 64
+#: Rows per step where the build fills an N-long array piecewise.
+_ROW_CHUNK = 1 << 20
 
 
-def _pack_words(seqs: np.ndarray, vocab_size: int) -> list[np.ndarray]:
-    """Packs rows into uint64 words, most significant token first.
+def _sorted_rows(seqs: np.ndarray, vocab_size: int):
+    """`(order, sorted columns)`: the rows in lexicographic order, ties
+    (duplicate rows) in input order.
 
-    The first word takes as many tokens as fit in 64 bits; later words leave
-    room for a group id (see `_lexicographic_order`).
+    One `np.sort` of uint64 keys, each the row's first tokens then its row
+    number, orders the rows by those tokens and keeps input order among
+    ties (2.5x faster than an argsort at 2 x 10^7, which NumPy runs as a
+    stable merge sort); the sorted keys are the first columns. Rows tied on
+    those tokens (few, for random semantic IDs) are ordered by the rest
+    with a `lexsort` of just them. The rest of every row is packed into
+    words and gathered once in the final order, where gathering each
+    column through the permutation read the rows at random once per column.
     """
     n, length = seqs.shape
     bits = max(1, (vocab_size - 1).bit_length())
-    group_bits = max(1, int(n).bit_length())
-    first = max(1, 64 // bits)
-    rest = max(1, (64 - group_bits) // bits)
-    words, start = [], 0
-    while start < length:
-        stop = min(length, start + (first if start == 0 else rest))
+    index_bits = max(1, int(n - 1).bit_length())
+    # Tokens are int32 (bits <= 31) and rows fewer than 2^33: one token fits.
+    head = min(length, (64 - index_bits) // bits)
+    keys = np.zeros(n, dtype=np.uint64)
+    for column in range(head):
+        keys <<= np.uint64(bits)
+        keys |= seqs[:, column].astype(np.uint64, copy=False)
+    keys <<= np.uint64(index_bits)
+    for start in range(0, n, _ROW_CHUNK):  # the row numbers, a chunk at a time
+        keys[start : start + _ROW_CHUNK] |= np.arange(
+            start, min(start + _ROW_CHUNK, n), dtype=np.uint64
+        )
+    keys.sort()
+    order = (keys & np.uint64((1 << index_bits) - 1)).astype(np.int64)
+    keys >>= np.uint64(index_bits)  # the first tokens of each row, sorted
+    if head < length:
+        tied = np.flatnonzero(keys[1:] == keys[:-1])  # row i + 1 ties row i
+        if tied.size:
+            rows = np.unique(np.concatenate([tied, tied + 1]))
+            starts = (np.diff(rows) > 1) | (keys[rows[1:]] != keys[rows[:-1]])
+            run = np.cumsum(np.r_[True, starts])  # one id per run of tied rows
+            tail = seqs[order[rows], head:]
+            local = np.lexsort([tail[:, t] for t in range(tail.shape[1] - 1, -1, -1)] + [run])
+            order[rows] = order[rows][local]
+    columns = [None] * length
+    mask = np.uint64((1 << bits) - 1)
+    for column in range(head - 1, -1, -1):
+        columns[column] = (keys & mask).astype(seqs.dtype)
+        keys >>= np.uint64(bits)
+    del keys
+    per_word = 64 // bits
+    for start in range(head, length, per_word):
+        stop = min(length, start + per_word)
         word = np.zeros(n, dtype=np.uint64)
         for column in range(start, stop):
             word <<= np.uint64(bits)
             word |= seqs[:, column].astype(np.uint64, copy=False)
-        words.append(word)
-        start = stop
-    return words
-
-
-def _lexicographic_order(words: list[np.ndarray]) -> np.ndarray:
-    """A permutation that sorts rows lexicographically by their packed words.
-
-    Sorts by the first word, then refines only the runs tied on every word so
-    far, keyed by (run id, next word) in one uint64. Random semantic IDs have
-    almost no ties after the first word, so this costs about one argsort.
-    Ties on all words (duplicate rows) keep input order.
-    """
-    order = np.argsort(words[0], kind="stable")
-    if len(words) == 1:
-        return order
-    key = words[0][order]
-    tied = np.empty(order.size, dtype=bool)  # equal to the previous row so far
-    tied[0] = False
-    np.equal(key[1:], key[:-1], out=tied[1:])
-    for word in words[1:]:
-        in_run = tied.copy()
-        in_run[:-1] |= tied[1:]  # a run's first row is tied to its successor
-        rows = np.flatnonzero(in_run)
-        if rows.size == 0:
-            break
-        run_id = np.cumsum(~tied[rows]) - 1
-        bits = 64 - max(1, int(run_id[-1]).bit_length())
-        assert int(word.max()).bit_length() <= bits, "word too wide for run id"
-        composite = (run_id.astype(np.uint64) << np.uint64(bits)) | word[order[rows]]
-        local = np.argsort(composite, kind="stable")
-        order[rows] = order[rows][local]
-        composite = composite[local]
-        tied[rows[1:]] = composite[1:] == composite[:-1]
-        tied[rows[0]] = False  # first row of the subset starts a run
-    return order
+        word = word[order]
+        for column in range(stop - 1, start - 1, -1):
+            columns[column] = (word & mask).astype(seqs.dtype)
+            word >>= np.uint64(bits)
+    return order, columns
 
 
 def _common_prefix_lengths(columns: list[np.ndarray]) -> np.ndarray:
@@ -295,9 +300,8 @@ def sort_unique(seqs: np.ndarray, vocab_size: int, item_ids, on_duplicate_item: 
     """
     report = progress or (lambda stage, fraction: None)
     length = seqs.shape[1]
-    order = _lexicographic_order(_pack_words(seqs, vocab_size))
+    order, sorted_cols = _sorted_rows(seqs, vocab_size)
     report("sorted", 0.45)
-    sorted_cols = [seqs[order, t] for t in range(length)]
     lcp = _common_prefix_lengths(sorted_cols)
     report("prefixes", 0.6)
 
