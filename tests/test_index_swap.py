@@ -159,8 +159,13 @@ def test_catalogue_lookups_equal_a_dict(ids):
     # Shared members with another catalogue: exactly the pairs with one id.
     other_ids = np.concatenate([item_ids[::2], np.arange(100) + 7 * 10**13])
     other = MemberCatalogue(rng.permutation(other_ids), other_ids.size)
+    pairs = {
+        pair
+        for here, there in catalogue.shared_member_chunks(other, chunk=37)
+        for pair in zip(here.tolist(), there.tolist())
+    }
     here, there = catalogue.shared_members(other)
-    pairs = set(zip(here.tolist(), there.tolist()))
+    assert set(zip(here.tolist(), there.tolist())) == pairs
     other_of = {}
     for member, item in enumerate(other.item_ids.tolist()):
         other_of.setdefault(item, []).append(member)

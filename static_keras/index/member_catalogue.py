@@ -229,17 +229,18 @@ class MemberCatalogue:
         return self._sorted_lookup(np.sort(ids))[1]
 
     def shared_members(self, other: "MemberCatalogue") -> tuple[np.ndarray, np.ndarray]:
-        """`(member here, member in other)` int64 for every item id the two
-        catalogues share (an index swap carries eligibility over by these
-        pairs): one pass of this catalogue's ids, ascending, over the other."""
-        ids, members = self._ascending()
-        query, theirs = other._lookup_ascending(ids)
-        return members[query], theirs
+        """All of `shared_member_chunks` at once."""
+        pairs = list(self.shared_member_chunks(other))
+        if not pairs:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return tuple(np.concatenate(part) for part in zip(*pairs))
 
     def shared_member_chunks(self, other: "MemberCatalogue", chunk: int | None = None):
-        """`shared_members`, `chunk` of this catalogue's ids at a time
-        (default `_SHARED_CHUNK`): at 10^8 items the pairs of the whole
-        catalogue are GBs that a carry-over never needs at once."""
+        """`(member here, member in other)` int64 for every item id the two
+        catalogues share (an index swap carries eligibility over by these
+        pairs), `chunk` of this catalogue's ids at a time (default
+        `_SHARED_CHUNK`; at 10^8 items all the pairs at once are GBs): one
+        pass of this catalogue's ids, ascending, over the other."""
         ids, members = self._ascending()
         step = chunk or _SHARED_CHUNK
         for start in range(0, ids.size, step):
