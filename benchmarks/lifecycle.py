@@ -951,6 +951,7 @@ def job_main(args) -> None:
         report["version"] = info.version
     else:
         from static_keras import StaticIndex
+        from static_keras.export import HandedOver
         from static_keras.export import publish
         from static_keras.export import replace_index
 
@@ -982,11 +983,15 @@ def job_main(args) -> None:
             lambda: replace_index(args.model, index, eligibility=carried),
             "model.keras loaded without its old index, over the new one",
         )
+        # As `static-keras publish` does: the model (and the index its weights
+        # share) is dropped once exported, before the check load.
+        handed_over = HandedOver(new_model)
+        del new_model, index, carried
         info = timed(
             "publish_s",
             "publish",
             lambda: publish(
-                new_model,
+                handed_over,
                 args.base,
                 based_on=served_version,  # rules published meanwhile are carried in
                 warmup_batch_sizes=WARMUP_BATCHES,
