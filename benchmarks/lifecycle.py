@@ -461,13 +461,28 @@ def run_size(config: dict) -> list[dict]:
     return stages.rows
 
 
-def _run_size(config, n, seed, stages, workdir):
+def served_model(index, sets, seed: int):
+    """The model every lifecycle benchmark serves: the README's small decoder
+    (seeded) in a `ConstrainedBeamSearch` over `index` with `sets`."""
     import keras
-    import numpy as np
 
     from static_keras import CachedTransformerDecoder
     from static_keras import ConstrainedBeamSearch
     from static_keras import ConstrainedDecoding
+
+    keras.utils.set_random_seed(seed)
+    decoder = CachedTransformerDecoder(VOCAB, LENGTH, context_vocab_size=CONTEXT_VOCAB)
+    constraint = ConstrainedDecoding(index, eligibility=sets, name="constraint")
+    search = ConstrainedBeamSearch(
+        constraint=constraint, decoder=decoder, beam_size=BEAM, num_results=RESULTS
+    )
+    history = keras.Input((HISTORY,), dtype="int32", name="history")
+    return keras.Model(history, search(history))
+
+
+def _run_size(config, n, seed, stages, workdir):
+    import numpy as np
+
     from static_keras import StaticIndex
     from static_keras.export import publish
     from static_keras.index.eligibility import EligibilitySets
@@ -505,14 +520,7 @@ def _run_size(config, n, seed, stages, workdir):
     stages.add("eligibility_build", stage.seconds, stage.peak, notes=f"{notes}; {stage.grown}")
 
     with InProcess() as stage:
-        keras.utils.set_random_seed(seed)
-        decoder = CachedTransformerDecoder(VOCAB, LENGTH, context_vocab_size=CONTEXT_VOCAB)
-        constraint = ConstrainedDecoding(index, eligibility=sets, name="constraint")
-        search = ConstrainedBeamSearch(
-            constraint=constraint, decoder=decoder, beam_size=BEAM, num_results=RESULTS
-        )
-        history = keras.Input((HISTORY,), dtype="int32", name="history")
-        model = keras.Model(history, search(history))
+        model = served_model(index, sets, seed)
     notes = f"CachedTransformerDecoder (hidden 32) in ConstrainedBeamSearch(beam_size={BEAM})"
     stages.add("model_build", stage.seconds, stage.peak, notes=f"{notes}; {stage.grown}")
 
@@ -531,7 +539,7 @@ def _run_size(config, n, seed, stages, workdir):
     model_path = os.path.join(workdir, "model.keras")
     if not config.get("serving_only"):
         model.save(model_path)  # the trained model the daily catalogue job starts from
-    del model, search, constraint
+    del model
 
     requests = Requests(rng, in_stock)
     catalogue = np.sort(item_ids)

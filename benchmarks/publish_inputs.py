@@ -24,17 +24,13 @@ import sys
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.lifecycle import BEAM  # noqa: E402
 from benchmarks.lifecycle import CHANGE  # noqa: E402
-from benchmarks.lifecycle import CONTEXT_VOCAB  # noqa: E402
-from benchmarks.lifecycle import HISTORY  # noqa: E402
-from benchmarks.lifecycle import LENGTH  # noqa: E402
 from benchmarks.lifecycle import MODEL  # noqa: E402
-from benchmarks.lifecycle import RESULTS  # noqa: E402
 from benchmarks.lifecycle import SET  # noqa: E402
 from benchmarks.lifecycle import VOCAB  # noqa: E402
 from benchmarks.lifecycle import WARMUP_BATCHES  # noqa: E402
 from benchmarks.lifecycle import distinct_ids  # noqa: E402
+from benchmarks.lifecycle import served_model  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -47,12 +43,8 @@ def main(argv=None) -> None:
     from static_keras.tensorflow_allocator import return_freed_memory
 
     return_freed_memory()
-    import keras
     import numpy as np
 
-    from static_keras import CachedTransformerDecoder
-    from static_keras import ConstrainedBeamSearch
-    from static_keras import ConstrainedDecoding
     from static_keras import StaticIndex
     from static_keras.export import publish
     from static_keras.index.eligibility import EligibilitySets
@@ -65,20 +57,13 @@ def main(argv=None) -> None:
     index = StaticIndex.build(rows, VOCAB, item_ids=item_ids, headroom=0.1)
     in_stock = np.sort(item_ids[rng.permutation(n)[: n // 2]])
     sets = EligibilitySets.build(index, {SET: in_stock})
-    keras.utils.set_random_seed(args.seed)
-    decoder = CachedTransformerDecoder(VOCAB, LENGTH, context_vocab_size=CONTEXT_VOCAB)
-    constraint = ConstrainedDecoding(index, eligibility=sets, name="constraint")
-    search = ConstrainedBeamSearch(
-        constraint=constraint, decoder=decoder, beam_size=BEAM, num_results=RESULTS
-    )
-    history = keras.Input((HISTORY,), dtype="int32", name="history")
-    model = keras.Model(history, search(history))
+    model = served_model(index, sets, args.seed)
     v1 = publish(
         model, os.path.join(args.out, MODEL), warmup_batch_sizes=WARMUP_BATCHES, model_name=MODEL
     )
     print(f"published {v1.path} in {v1.seconds:.1f} s", flush=True)
     model.save(os.path.join(args.out, "model.keras"))
-    del model, search, constraint, sets, index
+    del model, sets, index
 
     change = max(1, int(CHANGE * n))
     kept = np.setdiff1d(np.arange(n), rng.choice(n, change, replace=False))

@@ -82,7 +82,7 @@ def _sorted_rows(seqs: np.ndarray, vocab_size: int):
     columns = [None] * length
     mask = np.uint64((1 << bits) - 1)
     for column in range(head - 1, -1, -1):
-        columns[column] = (keys & mask).astype(seqs.dtype)
+        columns[column] = _low_bits(keys, mask, seqs.dtype)
         keys >>= np.uint64(bits)
     del keys
     per_word = 64 // bits
@@ -94,9 +94,17 @@ def _sorted_rows(seqs: np.ndarray, vocab_size: int):
             word |= seqs[:, column].astype(np.uint64, copy=False)
         word = word[order]
         for column in range(stop - 1, start - 1, -1):
-            columns[column] = (word & mask).astype(seqs.dtype)
+            columns[column] = _low_bits(word, mask, seqs.dtype)
             word >>= np.uint64(bits)
     return order, columns
+
+
+def _low_bits(words: np.ndarray, mask: np.uint64, dtype) -> np.ndarray:
+    """`words & mask` as `dtype`, written straight into the result (no
+    uint64 temporary of N entries)."""
+    out = np.empty(words.shape, dtype)
+    np.bitwise_and(words, mask, out=out, casting="unsafe")
+    return out
 
 
 def _common_prefix_lengths(columns: list[np.ndarray]) -> np.ndarray:
