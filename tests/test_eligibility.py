@@ -563,6 +563,15 @@ def test_carried_over_by_item_id_matches_the_oracle_across_chunks(kind, served, 
     assert carried.sizes() == {name: int(np.isin(new_ids, c).sum()) for name, c in chosen.items()}
 
 
+def test_shared_member_chunks_refuses_a_bad_chunk_or_catalogue():
+    catalogue = MemberCatalogue(np.array([10**12, 5, 7]), 3)
+    for chunk in (0, -4, 2.5, True):
+        with pytest.raises(ValueError, match=r"`chunk` must be a positive int.*chunk="):
+            list(catalogue.shared_member_chunks(catalogue, chunk=chunk))
+    with pytest.raises(TypeError, match="`other` must be a MemberCatalogue"):
+        list(catalogue.shared_member_chunks(np.array([5, 7])))
+
+
 def test_a_table_out_of_order_is_refused():
     with pytest.raises(ValueError, match="sorted ascending"):
         MemberCatalogue.from_sorted(np.array([1, 3, 2, 4]), np.arange(4), 4)

@@ -817,6 +817,23 @@ def test_load_truncated_file(saved, keep):
     load_error(path, "truncated or corrupt")
 
 
+def test_load_an_array_shorter_than_its_header(saved, tmp_path):
+    """The aligned reader fills exactly the bytes the header declares: an
+    array whose data ends early is refused with the file named, not read
+    with a tail of garbage."""
+    import zipfile
+
+    _, path, _ = saved
+    short = tmp_path / "short.npz"
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(short, "w") as target:
+        for info in source.infolist():
+            data = source.read(info)
+            if info.filename == "tokens.npy":
+                data = data[: len(data) - 8]
+            target.writestr(info, data)
+    load_error(short, r"short\.npz.*(truncated or corrupt|ends after)")
+
+
 def test_load_closes_corrupt_zip_file(saved):
     _, path, _ = saved
     path.write_bytes(path.read_bytes()[:-22])  # cut the end-of-directory record

@@ -241,6 +241,11 @@ class MemberCatalogue:
         pairs), `chunk` of this catalogue's ids at a time (default
         `_SHARED_CHUNK`; at 10^8 items all the pairs at once are GBs): one
         pass of this catalogue's ids, ascending, over the other."""
+        if not isinstance(other, MemberCatalogue):
+            raise TypeError(f"`other` must be a MemberCatalogue. Received {type(other).__name__}")
+        bad_chunk = isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1
+        if chunk is not None and bad_chunk:
+            raise ValueError(f"`chunk` must be a positive int or None. Received: chunk={chunk!r}")
         ids, members = self._ascending()
         step = chunk or _SHARED_CHUNK
         for start in range(0, ids.size, step):
