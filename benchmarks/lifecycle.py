@@ -56,6 +56,7 @@ loading from a network volume would take longer.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -419,10 +420,12 @@ class Load:
 
 
 class Stages:
-    """Rows of the table: one per stage (or sub-stage)."""
+    """Rows of the table: one per stage (or sub-stage), each also written to
+    `sink` as it comes, so a run stopped from outside (a memory watchdog at
+    10^8) still leaves the rows it measured."""
 
-    def __init__(self, n: int, ids: str):
-        self.n, self.ids, self.rows = n, ids, []
+    def __init__(self, n: int, ids: str, sink: str | None = None):
+        self.n, self.ids, self.rows, self.sink = n, ids, [], sink
 
     def add(self, stage, seconds=None, peak=None, status="ok", notes="", **extra) -> dict:
         row = {
@@ -437,14 +440,21 @@ class Stages:
         }
         self.rows.append(row)
         print(format_row(row), flush=True)
+        self.save()
         return row
+
+    def save(self) -> None:
+        if self.sink:
+            with open(self.sink + ".part", "w") as file:
+                json.dump(self.rows, file)
+            os.replace(self.sink + ".part", self.sink)
 
 
 def run_size(config: dict) -> list[dict]:
     os.environ["KERAS_BACKEND"] = "tensorflow"
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     n, seed = config["n"], config["seed"]
-    stages = Stages(n, "dense" if config["dense_ids"] else "sparse")
+    stages = Stages(n, "dense" if config["dense_ids"] else "sparse", sink=config["rows_path"])
     workdir = tempfile.mkdtemp(prefix=f"lifecycle-{n}-", dir=config.get("workdir"))
     try:
         _run_size(config, n, seed, stages, workdir)
@@ -452,8 +462,7 @@ def run_size(config: dict) -> list[dict]:
         stages.add("run", status="FAIL", notes=f"{type(error).__name__}: {error}"[:600])
         raise
     finally:
-        with open(config["rows_path"], "w") as file:
-            json.dump(stages.rows, file)
+        stages.save()
         if not config.get("keep_workdir"):
             shutil.rmtree(workdir, ignore_errors=True)
         else:
@@ -478,6 +487,19 @@ def served_model(index, sets, seed: int):
     )
     history = keras.Input((HISTORY,), dtype="int32", name="history")
     return keras.Model(history, search(history))
+
+
+def _spilled(workdir: str, **arrays) -> list:
+    """`arrays` written to `workdir` and mapped back read-only (page cache,
+    not this process's heap)."""
+    import numpy as np
+
+    mapped = []
+    for name, array in arrays.items():
+        path = os.path.join(workdir, f"{name}.npy")
+        np.save(path, array)
+        mapped.append(np.load(path, mmap_mode="r"))
+    return mapped
 
 
 def _run_size(config, n, seed, stages, workdir):
@@ -539,7 +561,13 @@ def _run_size(config, n, seed, stages, workdir):
     model_path = os.path.join(workdir, "model.keras")
     if not config.get("serving_only"):
         model.save(model_path)  # the trained model the daily catalogue job starts from
-    del model
+    # This process only checks answers and writes the jobs' inputs from here
+    # on: it drops the model and the index, and keeps the semantic IDs on
+    # disk (read again for the catalogue change), so that at 10^8 the jobs
+    # measured run beside the server, not beside the benchmark's 12 GB.
+    del model, index
+    gc.collect()
+    semantic_ids, keys = _spilled(workdir, semantic_ids=semantic_ids, keys=keys)
 
     requests = Requests(rng, in_stock)
     catalogue = np.sort(item_ids)

@@ -31,6 +31,7 @@ from static_keras.export import export_saved_model
 from static_keras.export import read_eligibility
 from static_keras.export import read_metadata
 from static_keras.export import replace_index
+from static_keras.index import member_catalogue
 from static_keras.index.eligibility import EligibilitySets
 from static_keras.index.member_catalogue import MemberCatalogue
 from static_keras.serving.registry import ConstraintIndexRegistry
@@ -136,8 +137,11 @@ def test_sets_over_another_index_are_refused_everywhere():
     assert layer.eligibility_sets().sizes() == {"only": 2}
 
 
+@pytest.mark.parametrize("block", [1, 7, 1 << 14])
 @pytest.mark.parametrize("ids", ["sparse", "dense", "duplicates", "huge"])
-def test_catalogue_lookups_equal_a_dict(ids):
+def test_catalogue_lookups_equal_a_dict(ids, block, monkeypatch):
+    # Small blocks walk `search_ascending`'s block windows, the default none.
+    monkeypatch.setattr(member_catalogue, "_SEARCH_BLOCK", block)
     rng = np.random.default_rng(7)
     n = 5000
     item_ids = {
@@ -156,6 +160,21 @@ def test_catalogue_lookups_equal_a_dict(ids):
     assert sorted(zip(query.tolist(), member.tolist())) == sorted(expected)
     assert np.all(np.diff(query) >= 0)
     assert sorted(catalogue.members(queries).tolist()) == sorted(m for _, m in expected)
+    # Queries that come ascending take the path without a sort: the same answers.
+    ascending = np.sort(queries)
+    query, member = catalogue.lookup(ascending)
+    expected = [
+        (q, m) for q, item in enumerate(ascending.tolist()) for m in members_of.get(item, [])
+    ]
+    assert list(zip(query.tolist(), member.tolist())) == expected
+    assert sorted(catalogue.members(ascending).tolist()) == sorted(m for _, m in expected)
+    descending = ascending[::-1].copy()  # the sorted path must not take these
+    query, member = catalogue.lookup(descending)
+    expected = [
+        (q, m) for q, item in enumerate(descending.tolist()) for m in members_of.get(item, [])
+    ]
+    assert sorted(zip(query.tolist(), member.tolist())) == sorted(expected)
+    assert sorted(catalogue.members(descending).tolist()) == sorted(m for _, m in expected)
     # Shared members with another catalogue: exactly the pairs with one id.
     other_ids = np.concatenate([item_ids[::2], np.arange(100) + 7 * 10**13])
     other = MemberCatalogue(rng.permutation(other_ids), other_ids.size)
@@ -341,3 +360,15 @@ def test_bad_inputs_are_refused_in_a_traced_graph_and_by_the_swap():
         MemberCatalogue.from_sorted(np.arange(3), np.arange(2), 3)
     with pytest.raises(ValueError, match="sorted ascending"):
         MemberCatalogue.from_sorted(np.array([3, 1, 2]), np.arange(3), 3)
+
+
+@pytest.mark.parametrize("block", [1, 3, 64, 1 << 14])
+def test_search_of_ascending_queries_by_blocks_equals_numpy(block, monkeypatch):
+    monkeypatch.setattr(member_catalogue, "_SEARCH_BLOCK", block)
+    rng = np.random.default_rng(11)
+    for size, queries in [(0, 5), (1, 9), (1000, 0), (1000, 1), (5000, 4099), (300, 2000)]:
+        values = np.sort(rng.integers(-50, 50 + size // 4, size))  # repeats, and gaps
+        asked = np.sort(rng.integers(-80, 80 + size // 4, queries))  # some outside both ends
+        for side in ("left", "right"):
+            got = member_catalogue.search_ascending(values, asked, side=side)
+            assert np.array_equal(got, np.searchsorted(values, asked, side=side)), (size, side)

@@ -118,3 +118,20 @@ def test_lifecycle_benchmark_runs_clean(tmp_path):
         ]
         assert ratio == pytest.approx(p50s[0] / p50s[1], rel=0.02)
     assert rows["cc_load"]["status"] == "skipped"
+
+
+def test_the_paper_range_table_reads_stages_the_lifecycle_writes():
+    from benchmarks import paper_range
+
+    class Names:
+        def __init__(self):
+            self.names = set()
+
+        def add(self, stage, **row):
+            self.names.add(stage)
+
+    cc = Names()  # the C++ runner's rows, named as the lifecycle names them
+    for batch in (1, 32):
+        lifecycle._eligible_cost(cc, "C++ Session::Run", batch, [1.0], [1.1])
+    read = {stage for stage, _ in paper_range.LIFECYCLE.values()}
+    assert read <= STAGES | cc.names, read - STAGES - cc.names

@@ -202,6 +202,8 @@ class MemberCatalogue:
             member[inside] = self._table[ids[inside]]
             query = np.flatnonzero(member >= 0)
             return query, member[query]
+        if not _any_step(ids, np.less):  # already ascending: no sort, no reorder
+            return self._sorted_lookup(ids)
         # Sorted queries walk the sorted ids in one direction: a binary
         # search of unsorted ones misses the cache at every level.
         order = np.argsort(ids, kind="stable")
@@ -226,7 +228,10 @@ class MemberCatalogue:
             return self.lookup(ids)[1]
         if self._identity:
             return self.lookup(ids)[1]
-        return self._sorted_lookup(np.sort(ids))[1]
+        # A set's ids often come sorted (a saved set, a table's column): one
+        # pass tells, where a sort of 5 x 10^7 sorted ids costs about 4 s.
+        ascending = not _any_step(ids, np.less)
+        return self._sorted_lookup(ids if ascending else np.sort(ids))[1]
 
     def shared_members(self, other: "MemberCatalogue") -> tuple[np.ndarray, np.ndarray]:
         """All of `shared_member_chunks` at once."""
@@ -296,18 +301,31 @@ class MemberCatalogue:
         if start < stop:  # -1 names no item: look up what is around it
             below, above = self._sorted_lookup(ids[:start]), self._sorted_lookup(ids[stop:])
             return np.concatenate([below[0], above[0] + stop]), np.concatenate([below[1], above[1]])
-        last = self._sorted_ids.size - 1
-        left = np.searchsorted(self._sorted_ids, ids, side="left")
         if self._distinct:
-            found = self._sorted_ids[np.minimum(left, last)] == ids
-            query = np.flatnonzero(found)
-            return query, self._sorted_members[left[query]]
-        right = np.searchsorted(self._sorted_ids, ids, side="right")
+            return self._distinct_lookup(ids)
+        left = search_ascending(self._sorted_ids, ids, side="left")
+        right = search_ascending(self._sorted_ids, ids, side="right")
         counts = right - left
         query = np.repeat(np.arange(ids.size, dtype=np.int64), counts)
         first = np.cumsum(counts) - counts
         position = np.arange(query.size, dtype=np.int64) - np.repeat(first - left, counts)
         return query, self._sorted_members[position]
+
+    def _distinct_lookup(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`_sorted_lookup` where every item has one member: a block of the
+        ids at a time within its window of the table, so that no temporary
+        is as long as the ids (at 5 x 10^7 ids, each was 400 MB of fresh
+        memory to fault in)."""
+        queries, members = [np.zeros(0, np.int64)], [self._sorted_members[:0]]
+        for start, stop, low, high in _ascending_blocks(self._sorted_ids, ids, "right"):
+            window, asked = self._sorted_ids[low:high], ids[start:stop]
+            if not window.size:
+                continue
+            position = np.searchsorted(window, asked, side="left")
+            found = np.flatnonzero(window[np.minimum(position, window.size - 1)] == asked)
+            queries.append(found + start)
+            members.append(self._sorted_members[low:high][position[found]])
+        return np.concatenate(queries), np.concatenate(members)
 
     def exclusion_members(self, excluded_item_ids, width: int | None = None) -> np.ndarray:
         """int32 `[R, width]`: each row's excluded items as sorted, distinct
@@ -388,6 +406,42 @@ def _table_fingerprint(sorted_ids, sorted_members, num_members: int) -> str:
         ids = np.where(at >= 0, sorted_ids[np.maximum(at, 0)], NO_ITEM).astype("<i8")
         digest.update(ids.data)
     return digest.hexdigest()
+
+
+#: Queries per block of `search_ascending`: a block's window of a 10^8
+#: table (about 2 x 16 K int64) stays in cache while the block is searched.
+_SEARCH_BLOCK = 1 << 14
+
+
+def search_ascending(sorted_values: np.ndarray, queries: np.ndarray, side: str = "left"):
+    """`np.searchsorted(sorted_values, queries, side)` for ascending `queries`,
+    a block of them at a time within the window that the block's first and
+    last query bound (their answers are monotone, so every answer of the block
+    lies in it). NumPy's search of sorted queries narrows from below only and
+    starts each one over the rest of the array: 5 x 10^7 queries into 1.1 x
+    10^8 ids take 2.3-3.2 s that way, 1.3-1.4 s by blocks."""
+    out = np.empty(queries.size, np.intp)
+    for start, stop, low, high in _ascending_blocks(sorted_values, queries, side):
+        found = out[start:stop]
+        found[:] = np.searchsorted(sorted_values[low:high], queries[start:stop], side=side)
+        found += low
+    return out
+
+
+def _ascending_blocks(sorted_values: np.ndarray, queries: np.ndarray, side: str):
+    """`(start, stop, low, high)` per block of `_SEARCH_BLOCK` ascending
+    queries: `sorted_values[low:high]` holds every answer of
+    `queries[start:stop]` (`side` of the block's last query bounds it: "right"
+    keeps an entry equal to it inside)."""
+    if queries.size <= _SEARCH_BLOCK:
+        if queries.size:
+            yield 0, queries.size, 0, sorted_values.size
+        return
+    starts = np.arange(0, queries.size, _SEARCH_BLOCK)
+    ends = np.minimum(starts + _SEARCH_BLOCK, queries.size)
+    low = np.searchsorted(sorted_values, queries[starts], side="left")
+    high = np.searchsorted(sorted_values, queries[ends - 1], side=side)
+    yield from zip(starts.tolist(), ends.tolist(), low.tolist(), high.tolist())
 
 
 def _any_step(values: np.ndarray, compare) -> bool:
