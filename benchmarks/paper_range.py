@@ -167,6 +167,13 @@ def summary_row(n: int, out_dir: str) -> dict | None:
     return row
 
 
+def _n_label(n: int) -> str:
+    """10^5, 2x10^7: N as the paper writes it."""
+    exponent = len(str(n)) - 1
+    lead = n // 10**exponent
+    return f"{lead}x10^{exponent}" if lead != 1 else f"10^{exponent}"
+
+
 def _cell(value, digits=2, suffix=""):
     return "-" if value is None else f"{value:.{digits}f}{suffix}"
 
@@ -177,16 +184,17 @@ def report(sizes: list[int], out_dir: str, figure: str | None) -> list[dict]:
         print("nothing measured yet")
         return rows
     common.write_csv(os.path.join(out_dir, "paper_range.csv"), rows)
-    print("| N | build s | publish s (peak GiB) | Predict p50 b1 / b32 ms | eligible/plain b1, b32 "
-          "(dev server; C++) | rules s | 1 % delta s | full change s | decode ms graph / XLA "
-          "(floor) | reference ms | index per step ms graph / XLA |")  # fmt: skip
+    print("| N | build s | publish s (process peak GiB) | Predict p50 b1 / b32 ms | "
+          "eligible/plain b1, b32 (dev server; C++) | rules s | 1 % delta s | full change s | "
+          "decode ms graph / XLA (floor) | reference ms | "
+          "index per step ms graph / XLA |")  # fmt: skip
     print("|" + "---|" * 11)
     for r in rows:
         peak = r.get("publish_peak_mib")
         reference = r.get("reference_ms")
         reference = _cell(reference) if reference else r.get("reference_note") or "-"
         print(
-            f"| {r['n']:.0e} | {_cell(r.get('build_s'), 1)} | {_cell(r.get('publish_s'), 1)} "
+            f"| {_n_label(r['n'])} | {_cell(r.get('build_s'), 1)} | {_cell(r.get('publish_s'), 1)} "
             f"({_cell(peak and peak / 1024, 1)}) | {_cell(r.get('p50_plain_b1_ms'), 1)} / "
             f"{_cell(r.get('p50_plain_b32_ms'), 1)} | {_cell(r.get('eligible_cost_b1'))}x, "
             f"{_cell(r.get('eligible_cost_b32'))}x; {_cell(r.get('eligible_cost_b1_cc'))}x, "
