@@ -221,21 +221,22 @@ class ServerProcess:
 
     def __init__(self, base: str, log_path: str):
         self.grpc_port, self.rest_port = free_port(), free_port()
-        executable = os.path.join(os.path.dirname(sys.executable), "static-keras")
-        command = (
-            [executable]
-            if os.path.exists(executable)
-            else [sys.executable, "-m", "static_keras.cli"]
-        )
-        command += ["serve-dev", "--model_base_path", base, "--model_name", MODEL,
+        command = self._command(["serve-dev", "--model_base_path", base, "--model_name", MODEL,
                     "--port", str(self.grpc_port), "--rest_api_port", str(self.rest_port),
-                    "--file_system_poll_wait_seconds", "1"]  # fmt: skip
+                    "--file_system_poll_wait_seconds", "1"])  # fmt: skip
         self.log_path = log_path
         self._log = open(log_path, "w")
         self.process = subprocess.Popen(
             command, stdout=self._log, stderr=subprocess.STDOUT, env=child_env(), cwd=common.REPO
         )
         self.address = f"127.0.0.1:{self.grpc_port}"
+
+    def _command(self, arguments: list[str]) -> list[str]:
+        """The static-keras command line (this checkout's code)."""
+        executable = os.path.join(os.path.dirname(sys.executable), "static-keras")
+        if os.path.exists(executable):
+            return [executable, *arguments]
+        return [sys.executable, "-m", "static_keras.cli", *arguments]
 
     @property
     def pid(self) -> int:

@@ -21,9 +21,10 @@ server where the kit depends on it:
   rejected, as the real server's warmup would fail on it.
 
 This module holds the lifecycle: start, stop, and the polling of base paths
-and of the config file. It does not batch requests, and it runs SavedModels
-through Python's `tf.saved_model.load`, not `tensorflow::LoadSavedModel` (the
-C++ load path is tested separately with `static_keras.serving.cc_loader`).
+and of the config file. It does not batch requests, and it runs each version
+in a `Session` of its own through Python's v1 SavedModel loader, not
+`tensorflow::LoadSavedModel` (the C++ load path is tested separately with
+`static_keras.serving.cc_loader`).
 """
 
 from __future__ import annotations

@@ -2,9 +2,17 @@
 
 `load_servable` is the development server's load path, and what `publish`
 uses to decide whether a version on disk is good: check for XLA-only
-functions (when XLA is off), `tf.saved_model.load` with tag `serve`, then
-replay the warmup records. A version that fails any step is one the server
-rejects.
+functions (when XLA is off), load the `serve` MetaGraph into a graph and a
+session of its own, then replay the warmup records. A version that fails
+any step is one the server rejects.
+
+Each version runs in its own `tf.compat.v1.Session`, as
+`tensorflow_model_server` runs it (`LoadSavedModel` gives every version a
+`Session`, and Predict is `Session::Run` of the signature's tensors). Not
+`tf.saved_model.load`: the eager context outlives the versions it loads, and
+its kernel cache keeps every unloaded version's instantiated functions (a few
+MB per swap, without end; docs/benchmarks.md "What grows per swap").
+Closing a version's session frees all of it.
 
 `Servable.run` follows `tensorflow_model_server`'s Predict
 (tensorflow_serving/servables/tensorflow/predict_util.cc, `RunPredict` and
@@ -17,14 +25,13 @@ graph accepts (the C++ loader feeds a `[1, 5]` history to a `[None, 20]`
 signature, and so does this; an exported signature checks the shape
 itself). Errors raised inside the graph keep their TensorFlow status code.
 
-`release_memory` is what follows an unload (or a rejected load): a restored
-SavedModel's functions hold reference cycles that keep its variables (the
-index) alive until Python's cycle collector runs, and glibc keeps freed
-pages until asked to return them.
+`release_memory` is what follows an unload (or a rejected load): Python's
+cycle collector, then glibc is asked to return the freed pages.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -41,27 +48,42 @@ DEFAULT_SIGNATURE = "serving_default"
 
 
 @dataclasses.dataclass
+class Signature:
+    """One signature's tensors in its version's graph, and the session call
+    that feeds its inputs (sorted by name) and fetches its outputs."""
+
+    input_specs: dict  # {name: tf.TensorSpec}
+    output_names: tuple[str, ...]
+    call: object  # Session::MakeCallable: inputs in sorted order -> outputs
+
+
+@dataclasses.dataclass
 class Servable:
-    """A loaded SavedModel version and its signatures."""
+    """A loaded SavedModel version: its session and signatures."""
 
     version: int
     path: str
-    loaded: object  # keeps the SavedModel's resources alive
-    signatures: dict
+    session: object  # tf.compat.v1.Session holding the version's graph and variables
+    signatures: dict[str, Signature]
 
     def input_specs(self, signature: str) -> dict:
         """`{name: tf.TensorSpec}` of a signature's inputs."""
-        return self._function(signature).structured_input_signature[1]
+        return self._signature(signature).input_specs
 
-    def _function(self, signature: str):
+    def close(self) -> None:
+        """Frees the version (its variables, the graph, the functions its
+        session instantiated). Only once no request runs on it."""
+        self.session.close()
+
+    def _signature(self, signature: str) -> Signature:
         name = signature or DEFAULT_SIGNATURE
-        function = self.signatures.get(name)
-        if function is None:
+        found = self.signatures.get(name)
+        if found is None:
             raise ServingFailure(
                 "FAILED_PRECONDITION",
                 f'Serving signature key "{name}" not found (signatures: {sorted(self.signatures)})',
             )
-        return function
+        return found
 
     def run(
         self,
@@ -73,8 +95,8 @@ class Servable:
         """Outputs by name for `inputs` (arrays by input name)."""
         import tensorflow as tf
 
-        function = self._function(signature)
-        specs = function.structured_input_signature[1]
+        found = self._signature(signature)
+        specs = found.input_specs
         if set(inputs) != set(specs):
             raise ServingFailure(
                 "INVALID_ARGUMENT",
@@ -101,14 +123,14 @@ class Servable:
                     f"Input {name!r} has {rows} rows, more than the server's "
                     f"max_batch_rows={max_batch_rows}: split the request",
                 )
-            feeds[name] = tf.constant(value)
+            feeds[name] = value
         try:
-            outputs = function(**feeds)
+            values = found.call(*(feeds[name] for name in sorted(feeds)))
         except tf.errors.OpError as error:
             raise failure_from_tf_error(error) from None
         except (TypeError, ValueError) as error:  # refused by the Python call itself
             raise ServingFailure("INVALID_ARGUMENT", str(error)) from None
-        return {name: tensor.numpy() for name, tensor in outputs.items()}
+        return dict(zip(found.output_names, values))
 
 
 def load_servable(path: str | os.PathLike, version: int, *, xla_enabled: bool = False) -> Servable:
@@ -128,14 +150,65 @@ def load_servable(path: str | os.PathLike, version: int, *, xla_enabled: bool = 
             raise RuntimeError(
                 f"{error} (XLA compilation disabled: start with --xla_cpu_compilation_enabled)"
             ) from None
-    loaded = tf.saved_model.load(path, tags=["serve"])
-    servable = Servable(version, path, loaded, dict(loaded.signatures))
-    warmup = os.path.join(path, "assets.extra", WARMUP_FILENAME)
-    if os.path.exists(warmup):
-        for request in read_warmup_requests(warmup):
-            inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
-            servable.run(request.model_spec.signature_name, inputs)
+    graph = tf.Graph()
+    session = tf.compat.v1.Session(graph=graph)
+    try:
+        with graph.as_default(), _quiet_tensorflow_logger():
+            meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
+            signatures = {
+                name: _signature(session, definition)
+                for name, definition in meta_graph.signature_def.items()
+                if not name.startswith("__")  # __saved_model_init_op: not servable
+            }
+        graph.finalize()  # as the C++ server's: requests add nothing to it
+        servable = Servable(version, path, session, signatures)
+        warmup = os.path.join(path, "assets.extra", WARMUP_FILENAME)
+        if os.path.exists(warmup):
+            for request in read_warmup_requests(warmup):
+                inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
+                servable.run(request.model_spec.signature_name, inputs)
+    except BaseException:
+        session.close()  # a rejected version keeps nothing
+        raise
     return servable
+
+
+def _signature(session, definition) -> Signature:
+    import tensorflow as tf
+    from tensorflow.core.protobuf import config_pb2
+
+    input_specs = {}
+    for name, info in definition.inputs.items():
+        shape = None
+        if not info.tensor_shape.unknown_rank:
+            shape = [dim.size if dim.size >= 0 else None for dim in info.tensor_shape.dim]
+        input_specs[name] = tf.TensorSpec(shape, tf.as_dtype(info.dtype), name=name)
+    output_names = tuple(sorted(definition.outputs))
+    # `Session::MakeCallable`, as Keras' TF1 backend uses it, not
+    # `Session.run` (nor `make_callable` with feeds, which is `Session.run`):
+    # the C++ server checks no fed shape against the placeholder's, and
+    # `Session.run` does in Python; one executor per signature, made here.
+    options = config_pb2.CallableOptions(
+        feed=[definition.inputs[name].name for name in sorted(definition.inputs)],
+        fetch=[definition.outputs[name].name for name in output_names],
+    )
+    call = session._make_callable_from_options(options)  # noqa: SLF001
+    return Signature(input_specs, output_names, call)
+
+
+@contextlib.contextmanager
+def _quiet_tensorflow_logger():
+    """Hides the v1 loader's deprecation warning: graph-mode loading is the
+    point here (the C++ server's own path), not an oversight."""
+    import tensorflow as tf
+
+    logger = tf.get_logger()
+    level = logger.level
+    logger.setLevel("ERROR")
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def release_memory() -> None:

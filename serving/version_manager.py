@@ -142,7 +142,11 @@ class VersionManager:
                     "model %s: requests still running on versions %s after %.0f s; their "
                     "memory is returned when they end", self.config.name, running(), DRAIN_SECONDS,
                 )  # fmt: skip
-        unloaded.clear()  # the last references: the memory can go back
+        still_running = running()
+        for servable in unloaded:
+            if servable.version not in still_running:
+                servable.close()  # its session: graph, variables, instantiated functions
+        unloaded.clear()  # the last references (a session still running closes when collected)
         release_memory()
         for version in versions:
             self._set_status(version, "END", "")

@@ -9,6 +9,7 @@ import weakref
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from conftest import histories
 from conftest import make_model
 
@@ -221,19 +222,22 @@ def test_an_unloaded_version_is_freed(small_model, tmp_path):
         with GrpcClient(server.grpc_address) as client:
             assert client.predict("recs", {"history": histories(1)})["model_version"] == 1
         old = manager.resolve(None, None)
-        # The variables' handles its functions capture: the index's memory.
-        handles = old.signatures["serving_default"].captured_inputs
-        refs = [weakref.ref(old), weakref.ref(old.loaded)] + [weakref.ref(h) for h in handles]
-        del old, handles
+        # Its session holds the graph, the variables (the index) and the
+        # functions it instantiated.
+        call = old.signatures["serving_default"].call
+        refs = [weakref.ref(old), weakref.ref(old.session), weakref.ref(old.session.graph)]
+        del old
         publish(model, base, warmup_batch_sizes=(1,))
         server.wait_for_version("recs", 2)
         deadline = time.monotonic() + 60
         while manager.status(1, None)[0][1] != "END" and time.monotonic() < deadline:
             time.sleep(0.05)
-        # Unloading drops every reference and collects the cycles TensorFlow's
-        # restored functions hold (they keep the variables alive), so the
-        # version's memory can be returned.
+        # Unloading closes the version's session, which frees all of it at
+        # once (no kernel cache outlives it), and drops every reference.
         assert manager.status(1, None)[0][1] == "END"
+        with pytest.raises(tf.errors.CancelledError, match="Session has been closed"):
+            call(histories(1))
+        del call
         # A gRPC worker that answered from version 1 may still hold what it
         # ran until it takes its next request: what matters is that nothing
         # keeps the version (no leak) while traffic goes on.
@@ -241,7 +245,7 @@ def test_an_unloaded_version_is_freed(small_model, tmp_path):
             while any(ref() is not None for ref in refs) and time.monotonic() < deadline:
                 assert client.predict("recs", {"history": histories(1)})["model_version"] == 2
                 gc.collect()
-        assert len(refs) > 10 and [ref for ref in refs if ref() is not None] == []
+        assert [ref for ref in refs if ref() is not None] == []
 
 
 def test_an_unload_waits_for_requests_in_flight_then_frees(small_model, tmp_path):
@@ -254,8 +258,8 @@ def test_an_unload_waits_for_requests_in_flight_then_frees(small_model, tmp_path
     with DevServer([ServedModel("recs", str(base))], poll_seconds=0.05) as server:
         manager = server.manager("recs")
         with manager.serving(None, None) as old:  # a request in flight on version 1
-            refs = [weakref.ref(old), weakref.ref(old.loaded)]
-            refs += [weakref.ref(h) for h in old.signatures["serving_default"].captured_inputs]
+            refs = [weakref.ref(old), weakref.ref(old.session), weakref.ref(old.session.graph)]
+            call = old.signatures["serving_default"].call
             publish(model, base, warmup_batch_sizes=(1,))
             server.wait_for_version("recs", 2)
             time.sleep(0.5)  # several polls: the unload is waiting
@@ -267,7 +271,11 @@ def test_an_unload_waits_for_requests_in_flight_then_frees(small_model, tmp_path
         while manager.status(1, None)[0][1] != "END" and time.monotonic() < deadline:
             time.sleep(0.05)
         assert manager.status(1, None)[0][1] == "END"
-        assert len(refs) > 10 and [ref for ref in refs if ref() is not None] == []
+        with pytest.raises(tf.errors.CancelledError, match="Session has been closed"):
+            call(histories(1))  # closed once its request ended
+        del call
+        gc.collect()
+        assert [ref for ref in refs if ref() is not None] == []
 
 
 def test_xla_versions_rejected_unless_enabled(small_model, tmp_path):
