@@ -110,12 +110,15 @@ def row_keys(ids, vocab_size: int):
     return keys
 
 
-def distinct_ids(n: int, seed: int, taken=None):
+def distinct_ids(n: int, seed: int, taken=()):
     """`[n, LENGTH]` uint16 random rows, distinct from each other and from the
-    sorted row keys `taken`; returns `(ids, keys)`. Rows whose key repeats
-    are drawn again (vectorised; one pass at random sizes up to 2e7)."""
+    row keys in `taken` (a sorted array, or several: no merged copy of a
+    10^8-key catalogue is needed); returns `(ids, keys)`. Rows whose key
+    repeats are drawn again (vectorised; one pass at random sizes up to 2e7)."""
     import numpy as np
 
+    if isinstance(taken, np.ndarray):
+        taken = (taken,)
     ids = common.random_ids(n, VOCAB, LENGTH, seed)
     rng = np.random.default_rng([seed, 17])
     while True:
@@ -123,9 +126,8 @@ def distinct_ids(n: int, seed: int, taken=None):
         ordered = np.sort(keys)
         repeated = ordered[1:][ordered[1:] == ordered[:-1]]
         redraw = np.isin(keys, repeated) if repeated.size else np.zeros(n, bool)
-        if taken is not None and len(taken):
-            at = np.minimum(np.searchsorted(taken, keys), len(taken) - 1)
-            redraw |= taken[at] == keys
+        for sorted_keys in taken:
+            redraw |= member(sorted_keys, keys)
         del ordered
         if not redraw.any():
             return ids, keys
@@ -133,13 +135,40 @@ def distinct_ids(n: int, seed: int, taken=None):
 
 
 def member(sorted_ids, values):
-    """bool per value: is it in the sorted array."""
+    """bool per value: is it in the sorted array (or the `IdSet`)."""
     import numpy as np
 
+    if isinstance(sorted_ids, IdSet):
+        return sorted_ids.contains(values)
     if not len(sorted_ids):
         return np.zeros(np.shape(values), bool)
     at = np.minimum(np.searchsorted(sorted_ids, values), len(sorted_ids) - 1)
     return sorted_ids[at] == values
+
+
+class IdSet:
+    """A set of ids as a sorted base array, less the ids `removed`, plus the
+    ids `added`: what a version may return after a delta, without a merged
+    copy of the base (at 10^8 items each copy is 0.8 GB of the benchmark's
+    memory beside the server and the job)."""
+
+    def __init__(self, base, removed=(), added=()):
+        import numpy as np
+
+        if isinstance(base, IdSet):  # a delta on a delta: fold into one
+            removed = np.concatenate([base.removed, np.asarray(removed, np.int64)])
+            added = np.concatenate([np.setdiff1d(base.added, removed), np.asarray(added)])
+            base = base.base
+        self.base = base
+        self.removed = np.sort(np.asarray(removed, np.int64))
+        self.added = np.sort(np.asarray(added, np.int64))
+
+    def contains(self, values):
+        import numpy as np
+
+        values = np.asarray(values)
+        inside = member(self.base, values) & ~member(self.removed, values)
+        return inside | member(self.added, values)
 
 
 # Processes: memory, ports, the server ------------------------------------------------
@@ -503,6 +532,25 @@ def _spilled(workdir: str, **arrays) -> list:
     return mapped
 
 
+def _rows_replaced(array, gone, new, step: int = 1 << 22):
+    """`array` (a mapped file) without the rows at the sorted positions
+    `gone`, then the rows `new`: one output array, filled a slice at a time
+    (no index of the kept rows and no concatenated copy: at 10^8 each would
+    be another GB beside the server)."""
+    import numpy as np
+
+    keep = np.ones(len(array), bool)
+    keep[gone] = False
+    out = np.empty((len(array) - len(gone) + len(new),) + array.shape[1:], array.dtype)
+    filled = 0
+    for start in range(0, len(array), step):
+        part = array[start : start + step][keep[start : start + step]]
+        out[filled : filled + len(part)] = part
+        filled += len(part)
+    out[filled:] = new
+    return out
+
+
 def _run_size(config, n, seed, stages, workdir):
     import numpy as np
 
@@ -563,12 +611,15 @@ def _run_size(config, n, seed, stages, workdir):
     if not config.get("serving_only"):
         model.save(model_path)  # the trained model the daily catalogue job starts from
     # This process only checks answers and writes the jobs' inputs from here
-    # on: it drops the model and the index, and keeps the semantic IDs on
-    # disk (read again for the catalogue change), so that at 10^8 the jobs
-    # measured run beside the server, not beside the benchmark's 12 GB.
+    # on: it drops the model and the index, and keeps the semantic IDs and
+    # item ids on disk (read again for the catalogue changes), so that at
+    # 10^8 the jobs measured run beside the server, not beside the
+    # benchmark's 12 GB.
     del model, index
     gc.collect()
-    semantic_ids, keys = _spilled(workdir, semantic_ids=semantic_ids, keys=keys)
+    semantic_ids, keys, item_ids = _spilled(
+        workdir, semantic_ids=semantic_ids, keys=keys, item_ids=item_ids
+    )
 
     requests = Requests(rng, in_stock)
     catalogue = np.sort(item_ids)
@@ -634,9 +685,11 @@ def _run_size(config, n, seed, stages, workdir):
         leaving = rng.choice(in_stock, flip, replace=False)
         joining = rng.choice(out_of_stock, min(flip, len(out_of_stock)), replace=False)
         in_stock_2 = np.sort(np.concatenate([np.setdiff1d(in_stock, leaving), joining]))
+        del out_of_stock, leaving, joining
         start = time.perf_counter()
         sets.replace(SET, in_stock_2)
         replace_s = time.perf_counter() - start
+        del sets  # its catalogue and table: 2 GB at 10^8, not needed from here on
         ids_path = os.path.join(workdir, "in_stock.npy")
         np.save(ids_path, in_stock_2)
         job = ["--job", "refresh", "--base", base, "--ids", ids_path]
@@ -662,18 +715,22 @@ def _run_size(config, n, seed, stages, workdir):
         if config.get("headroom"):
             # Catalogue delta: 1% of the items replaced, published into the
             # served graph (update_catalogue: no Keras, no TensorFlow).
+            # The new rows avoid every served row (the removed ones too: one
+            # sorted copy of the keys, no set difference over N).
             change = max(1, int(CHANGE * n))
             gone = rng.choice(n, change, replace=False)
-            taken = np.sort(keys[np.setdiff1d(np.arange(n), gone)])
-            added_rows, _ = distinct_ids(change, seed + 2, taken=taken)
+            taken = np.sort(keys)
+            added_rows, added_keys = distinct_ids(change, seed + 2, taken=taken)
             top = int(item_ids.max()) + 1
             added_ids = top + 2 * np.arange(change, dtype=np.int64)
             add_path = os.path.join(workdir, "added.npz")
             remove_path = os.path.join(workdir, "removed.npy")
             np.savez(add_path, semantic_ids=added_rows, item_ids=added_ids)
             np.save(remove_path, item_ids[gone])
-            delta_catalogue = np.sort(np.concatenate([np.delete(item_ids, gone), added_ids]))
-            delta_stock = np.intersect1d(served_stock, delta_catalogue)
+            # What the new version may return: the served ids less the
+            # removed plus the added (added items are in no set).
+            delta_catalogue = IdSet(catalogue, removed=item_ids[gone], added=added_ids)
+            delta_stock = IdSet(served_stock, removed=item_ids[gone])
             job = ["--job", "delta", "--base", base, "--add", add_path, "--remove", remove_path]
             current = _swap(
                 stages, "catalogue_delta", job, server, client, load, current, steady, config,
@@ -681,12 +738,12 @@ def _run_size(config, n, seed, stages, workdir):
             )  # fmt: skip
 
             # 1,000 new items, nothing removed.
-            fresh_keys = np.sort(np.concatenate([taken, row_keys(added_rows, VOCAB)]))
-            fresh_rows, _ = distinct_ids(1000, seed + 3, taken=fresh_keys)
+            fresh_rows, _ = distinct_ids(1000, seed + 3, taken=(taken, np.sort(added_keys)))
+            del taken
             fresh_ids = int(added_ids.max()) + 1 + 2 * np.arange(1000, dtype=np.int64)
             np.savez(add_path, semantic_ids=fresh_rows, item_ids=fresh_ids)
             np.save(remove_path, np.zeros(0, np.int64))
-            fresh_catalogue = np.sort(np.concatenate([delta_catalogue, fresh_ids]))
+            fresh_catalogue = IdSet(delta_catalogue, added=fresh_ids)
             current = _swap(
                 stages, "catalogue_add_1000", job, server, client, load, current, steady, config,
                 (fresh_catalogue, delta_stock),
@@ -694,8 +751,8 @@ def _run_size(config, n, seed, stages, workdir):
 
         # Catalogue change: 1% of the items replaced by new rows and new ids.
         change = max(1, int(CHANGE * n))
-        keep = np.sort(rng.permutation(n)[change:])
-        new_rows, _ = distinct_ids(change, seed + 1, taken=np.sort(keys[keep]))
+        gone = np.sort(rng.choice(n, change, replace=False))
+        new_rows, _ = distinct_ids(change, seed + 1, taken=np.sort(keys))
         top = int(item_ids.max()) + 1
         new_items = (
             np.arange(top, top + change, dtype=np.int64)
@@ -705,14 +762,13 @@ def _run_size(config, n, seed, stages, workdir):
         feed = os.path.join(workdir, "catalogue.npz")
         np.savez(
             feed,
-            semantic_ids=np.concatenate([semantic_ids[keep], new_rows]),
-            item_ids=np.concatenate([item_ids[keep], new_items]),
+            semantic_ids=_rows_replaced(semantic_ids, gone, new_rows),
+            item_ids=_rows_replaced(item_ids, gone, new_items),
         )
         del semantic_ids, keys
-        catalogue_3 = np.sort(np.concatenate([item_ids[keep], new_items]))
         # Sets carried over by item id (replace_index): the served members
         # still in the catalogue; new items are in no set.
-        allowed = (catalogue_3, served_stock)
+        allowed = (IdSet(catalogue, removed=item_ids[gone], added=new_items), served_stock)
         job = ["--job", "catalogue", "--base", base, "--model", model_path, "--feed", feed]
         _swap(
             stages, "catalogue_change", job, server, client, load, current, steady, config, allowed
@@ -803,8 +859,8 @@ def _cc_stage(stages, path, requests, rounds=3, repeat=20):
 def _swap(stages, name, job, server, client, load, old, steady, config, allowed, subs=()):
     """Runs `job` in a fresh process under load, from the served version
     `old`; adds the swap's rows; returns the version serving afterwards.
-    `allowed`: (sorted catalogue ids, sorted ids a restricted row may
-    return) of the version the job publishes."""
+    `allowed`: (catalogue ids, ids a restricted row may return) of the
+    version the job publishes, each sorted or an `IdSet`."""
     from static_keras.serving import ServingError
 
     load.start()

@@ -56,6 +56,52 @@ def test_distinct_ids_are_distinct_and_avoid_taken_rows():
     assert not any(tuple(row) in rows for row in new.tolist())
 
 
+def test_distinct_ids_avoid_every_array_of_taken_keys():
+    _, keys = lifecycle.distinct_ids(4000, seed=5)
+    first, second = np.sort(keys[:2000]), np.sort(keys[2000:])
+    # Seed 5's rows again: every one is taken by one array or the other.
+    again, again_keys = lifecycle.distinct_ids(4000, seed=5, taken=(first, second))
+    assert not np.isin(again_keys, keys).any()
+    assert len(np.unique(again_keys)) == 4000
+    assert (lifecycle.row_keys(again, lifecycle.VOCAB) == again_keys).all()
+
+
+def test_id_set_is_the_base_less_the_removed_plus_the_added():
+    rng = np.random.default_rng(2)
+    base = np.sort(rng.choice(10_000, 3000, replace=False)).astype(np.int64)
+    removed = rng.choice(base, 400, replace=False)
+    added = 20_000 + rng.choice(1000, 200, replace=False)
+    ids = lifecycle.IdSet(base, removed=removed, added=added)
+    expected = np.union1d(np.setdiff1d(base, removed), added)  # the oracle
+    values = np.concatenate([rng.integers(-5, 21_100, 5000), base[:50], added[:50]])
+    np.testing.assert_array_equal(ids.contains(values), np.isin(values, expected))
+    np.testing.assert_array_equal(lifecycle.member(ids, values), np.isin(values, expected))
+    # A delta on a delta folds into one set, an added id removed again included.
+    later = lifecycle.IdSet(ids, removed=np.concatenate([added[:10], expected[:5]]),
+                            added=[30_001, 30_003])  # fmt: skip
+    expected = np.union1d(np.setdiff1d(expected, np.concatenate([added[:10], expected[:5]])),
+                          [30_001, 30_003])  # fmt: skip
+    values = np.concatenate([values, [30_001, 30_002, 30_003]])
+    np.testing.assert_array_equal(later.contains(values), np.isin(values, expected))
+    assert later.base is base
+
+
+def test_rows_replaced_drops_the_gone_rows_and_appends_the_new(tmp_path):
+    rng = np.random.default_rng(4)
+    rows = rng.integers(0, 50, (10_000, 3)).astype(np.uint16)
+    np.save(tmp_path / "rows.npy", rows)
+    mapped = np.load(tmp_path / "rows.npy", mmap_mode="r")
+    gone = np.sort(rng.choice(10_000, 700, replace=False))
+    new = rng.integers(0, 50, (700, 3)).astype(np.uint16)
+    expected = np.concatenate([np.delete(rows, gone, axis=0), new])
+    for step in (333, 4096, 1 << 22):  # many slices, and one
+        np.testing.assert_array_equal(lifecycle._rows_replaced(mapped, gone, new, step), expected)
+    ids = np.arange(10_000, dtype=np.int64) * 3
+    np.testing.assert_array_equal(
+        lifecycle._rows_replaced(ids, gone[:0], ids[:2]), np.concatenate([ids, ids[:2]])
+    )
+
+
 def test_row_keys_distinguish_rows_that_fit_in_64_bits():
     ids = np.array([[1, 2, 3], [1, 2, 4], [1, 2, 3]], np.uint16)
     keys = lifecycle.row_keys(ids, 16)  # 3 x 4 bits: the key is the whole row
