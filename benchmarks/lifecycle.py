@@ -280,6 +280,24 @@ class ServerProcess:
         found = re.findall(rf"version {version} loaded and warmed up in ([0-9.]+) s", self.log())
         return float(found[-1]) if found else None
 
+    def wait_until_answering(self, proto, timeout: float) -> float:
+        """Seconds until a `serving_default` Predict of `proto` is answered
+        (the server started and loaded a version)."""
+        from static_keras.serving import GrpcClient
+        from static_keras.serving import ServingError
+
+        start = time.perf_counter()
+        with GrpcClient(self.address, timeout=timeout) as client:
+            while True:
+                self.check_alive()
+                try:
+                    client.predict_raw(MODEL, proto)
+                    return time.perf_counter() - start
+                except ServingError:
+                    if time.perf_counter() - start > timeout:
+                        raise
+                    time.sleep(0.2)
+
     def check_alive(self):
         if self.process.poll() is not None:
             raise RuntimeError(

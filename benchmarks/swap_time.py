@@ -66,27 +66,14 @@ def main(argv=None) -> dict:
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     import numpy as np
 
-    from static_keras.serving import GrpcClient
-    from static_keras.serving import ServingError
-
     base = os.path.abspath(args.model_base_path)
     old = newest_version(base)
     requests = lifecycle.Requests(np.random.default_rng(0), np.load(args.ids))
     log = os.path.join(tempfile.mkdtemp(prefix="swap_time_"), "server.log")
     server = lifecycle.ServerProcess(base, log)
     try:
-        start = time.perf_counter()
-        with GrpcClient(server.address, timeout=120) as client:
-            while True:
-                server.check_alive()
-                try:
-                    client.predict_raw(lifecycle.MODEL, requests.proto["serving_default", 1])
-                    break
-                except ServingError:
-                    if time.perf_counter() - start > args.timeout:
-                        raise
-                    time.sleep(0.2)
-        print(f"serving version {old}: up in {time.perf_counter() - start:.1f} s "
+        up = server.wait_until_answering(requests.proto["serving_default", 1], args.timeout)
+        print(f"serving version {old}: up in {up:.1f} s "
               f"(loaded and warmed up in {server.load_seconds(old)} s)", flush=True)  # fmt: skip
         load = lifecycle.Load(server.address, requests, threads=3, pause_s=0.05)
         load.start()
